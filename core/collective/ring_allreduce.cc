@@ -1,0 +1,215 @@
+#include "core/collective/ring_allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/base/check.h"
+#include "core/base/error.h"
+
+namespace pipesgd::collective {
+
+// ---------------------------------------------------------------------------------------------
+// RingPlan
+
+RingPlan::RingPlan(uint64_t count, int world_size, uint64_t chunk_elems)
+    : count_(count), world_size_(world_size), chunk_elems_(chunk_elems) {
+  PSGD_CHECK_GE(world_size, 1);
+  PSGD_CHECK_GE(chunk_elems, 1u);
+}
+
+Range RingPlan::Block(int block) const {
+  PSGD_CHECK(block >= 0 && block < world_size_);
+  const uint64_t n = static_cast<uint64_t>(world_size_);
+  const uint64_t b = static_cast<uint64_t>(block);
+  const uint64_t base = count_ / n;
+  const uint64_t extra = count_ % n;  // the first `extra` blocks hold one more element
+  return {b * base + std::min(b, extra), base + (b < extra ? 1 : 0)};
+}
+
+uint64_t RingPlan::ChunksInBlock(int block) const {
+  return (Block(block).count + chunk_elems_ - 1) / chunk_elems_;
+}
+
+Range RingPlan::Chunk(int block, uint64_t chunk) const {
+  Range b = Block(block);
+  PSGD_CHECK_LT(chunk, ChunksInBlock(block));
+  uint64_t offset = chunk * chunk_elems_;
+  return {b.offset + offset, std::min(chunk_elems_, b.count - offset)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Communicator
+
+std::unique_ptr<Communicator> Communicator::Create(
+    std::unique_ptr<transport::Transport> transport, int world_size,
+    const std::vector<std::string>& addresses, const CommunicatorOptions& options,
+    Deadline deadline) {
+  PSGD_CHECK_EQ(static_cast<int>(addresses.size()), world_size);
+  if (options.chunk_bytes < sizeof(float) || options.chunk_bytes % sizeof(float) != 0) {
+    Throw(ErrorCode::kInvalidArgument, "chunk_bytes = {}: expected a positive multiple of 4",
+          options.chunk_bytes);
+  }
+  std::unique_ptr<Communicator> comm(new Communicator());
+  comm->rank_ = transport->rank();
+  comm->world_size_ = world_size;
+  comm->options_ = options;
+  comm->transport_ = std::move(transport);
+  if (world_size == 1) return comm;
+
+  const int left = (comm->rank_ + world_size - 1) % world_size;
+  const int right = (comm->rank_ + 1) % world_size;
+  std::vector<std::pair<int, std::string>> peers = {{left, addresses[left]}};
+  if (right != left) peers.push_back({right, addresses[right]});
+  comm->connections_ = comm->transport_->Connect(peers, deadline);
+  comm->left_ = comm->connections_[0].get();
+  comm->right_ = comm->connections_.back().get();
+  return comm;
+}
+
+Communicator::~Communicator() {
+  // Connections reference the transport: drop them first.
+  connections_.clear();
+}
+
+void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op,
+                               uint64_t count, uint64_t chunk_index,
+                               uint64_t payload_bytes) const {
+  const int left = left_->peer_rank();
+  if (got.magic != ChunkHeader::kMagic || got.version != ChunkHeader::kVersion) {
+    Throw(ErrorCode::kDataLoss,
+          "rank {}: received a chunk header from rank {} with magic {:#010x} version {}, "
+          "expected {:#010x} version {}: the stream is out of sync",
+          rank_, left, got.magic, got.version, ChunkHeader::kMagic, ChunkHeader::kVersion);
+  }
+  auto mismatch = [&](const char* what, auto theirs, auto ours) {
+    Throw(ErrorCode::kDataLoss,
+          "rank {}: collective #{} disagrees with rank {}: rank {} has {} = {}, rank {} has {} = "
+          "{}",
+          rank_, seq, left, left, what, theirs, rank_, what, ours);
+  };
+  if (got.seq != seq) mismatch("collective sequence number", got.seq, seq);
+  if (got.op != static_cast<uint8_t>(op) || got.dtype != static_cast<uint8_t>(DataType::kFloat32)) {
+    mismatch("op/dtype", fmt::format("{}/{}", got.op, got.dtype),
+             fmt::format("{}/{}", static_cast<int>(op), static_cast<int>(DataType::kFloat32)));
+  }
+  if (got.count != count) mismatch("count (elements)", got.count, count);
+  if (got.chunk_index != chunk_index) mismatch("chunk index", got.chunk_index, chunk_index);
+  if (got.payload_bytes != payload_bytes) mismatch("chunk bytes", got.payload_bytes, payload_bytes);
+}
+
+void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
+                             const std::atomic<bool>* abort) {
+  const uint64_t seq = seq_++;
+  const int n = world_size_;
+  if (n == 1 || data.empty()) return;  // averaging over one rank is the identity
+
+  const int r = rank_;
+  const RingPlan plan(data.size(), n, options_.chunk_bytes / sizeof(float));
+  auto mod = [n](int x) { return ((x % n) + n) % n; };
+  // The stream to the right is 2(N-1) ring steps; step k < N-1 is reduce-scatter step k,
+  // step k >= N-1 all-gather step k-(N-1). Which block each step carries, as sent by this rank
+  // and as received from the left neighbour (rank r-1):
+  const int steps = 2 * (n - 1);
+  auto send_block = [&](int k) { return k < n - 1 ? mod(r - k) : mod(r + 1 - (k - (n - 1))); };
+  auto recv_block = [&](int k) { return k < n - 1 ? mod(r - 1 - k) : mod(r - (k - (n - 1))); };
+  // Index of a step's first chunk within each stream.
+  std::array<uint64_t, 64> send_base_small{}, recv_base_small{};
+  std::vector<uint64_t> send_base_big, recv_base_big;
+  uint64_t* send_base = send_base_small.data();
+  uint64_t* recv_base = recv_base_small.data();
+  if (steps + 1 > 64) {
+    send_base_big.resize(steps + 1);
+    recv_base_big.resize(steps + 1);
+    send_base = send_base_big.data();
+    recv_base = recv_base_big.data();
+  }
+  send_base[0] = recv_base[0] = 0;
+  for (int k = 0; k < steps; ++k) {
+    send_base[k + 1] = send_base[k] + plan.ChunksInBlock(send_block(k));
+    recv_base[k + 1] = recv_base[k] + plan.ChunksInBlock(recv_block(k));
+  }
+  const uint64_t total_sends = send_base[steps];
+  const uint64_t total_recvs = recv_base[steps];
+
+  // Grow the reusable buffers (only when a call is larger than any before).
+  if (send_slots_.size() < total_sends) send_slots_.resize(total_sends);
+  const uint64_t max_chunk = std::min<uint64_t>(options_.chunk_bytes / sizeof(float),
+                                                plan.Block(0).count);
+  if (scratch_.size() < max_chunk) scratch_.resize(max_chunk);
+
+  auto post_send = [&](uint64_t index, Range range) {
+    SendSlot& slot = send_slots_[index];
+    slot.header = ChunkHeader{};
+    slot.header.op = static_cast<uint8_t>(op);
+    slot.header.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    slot.header.seq = seq;
+    slot.header.count = data.size();
+    slot.header.chunk_index = index;
+    slot.header.payload_bytes = range.count * sizeof(float);
+    slot.header.sender_rank = static_cast<uint32_t>(r);
+    slot.op.Set(&slot.header, sizeof(ChunkHeader), data.data() + range.offset,
+                range.count * sizeof(float));
+    right_->PostSend(slot.op);
+  };
+  auto wait = [&](transport::Op& o, const char* what) {
+    transport_->Wait(o, deadline, what, abort);
+  };
+
+  // Reduce-scatter step 0: this rank's own block goes out whole, right away.
+  {
+    const int b = send_block(0);
+    for (uint64_t c = 0; c < plan.ChunksInBlock(b); ++c) post_send(c, plan.Chunk(b, c));
+  }
+
+  // Headers are received one chunk ahead of payloads, into two alternating buffers, so the
+  // next header is already queued while a payload arrives.
+  ChunkHeader headers[2];
+  transport::Op header_ops[2];
+  transport::Op payload_op;
+  if (total_recvs > 0) {
+    header_ops[0].Set(&headers[0], sizeof(ChunkHeader));
+    left_->PostRecv(header_ops[0]);
+  }
+  for (int k = 0; k < steps; ++k) {
+    const int b = recv_block(k);
+    const bool reduce_scatter = k < n - 1;
+    for (uint64_t c = 0; c < plan.ChunksInBlock(b); ++c) {
+      const uint64_t index = recv_base[k] + c;
+      const Range range = plan.Chunk(b, c);
+      const uint64_t bytes = range.count * sizeof(float);
+      wait(header_ops[index % 2], "a chunk header from the left neighbour");
+      CheckHeader(headers[index % 2], seq, op, data.size(), index, bytes);
+
+      float* target = scratch_.data();
+      if (!reduce_scatter) {
+        // All-gather writes the final values in place; the reduce-scatter send that last read
+        // this chunk (step k-(N-1)) must be off our hands first. By causality it already is.
+        target = data.data() + range.offset;
+        wait(send_slots_[send_base[k - (n - 1)] + c].op, "a chunk send to the right neighbour");
+      }
+      payload_op.Set(target, bytes);
+      left_->PostRecv(payload_op);
+      if (index + 1 < total_recvs) {
+        header_ops[(index + 1) % 2].Set(&headers[(index + 1) % 2], sizeof(ChunkHeader));
+        left_->PostRecv(header_ops[(index + 1) % 2]);
+      }
+      wait(payload_op, "a chunk from the left neighbour");
+
+      if (reduce_scatter) {
+        float* dst = data.data() + range.offset;
+        const float* src = scratch_.data();
+        for (uint64_t i = 0; i < range.count; ++i) dst[i] += src[i];
+        if (k == n - 2 && op == ReduceOp::kAverage) {
+          const float divisor = static_cast<float>(n);
+          for (uint64_t i = 0; i < range.count; ++i) dst[i] /= divisor;
+        }
+      }
+      if (k + 1 < steps) post_send(send_base[k + 1] + c, range);
+    }
+  }
+  for (uint64_t i = 0; i < total_sends; ++i) {
+    wait(send_slots_[i].op, "a chunk send to the right neighbour");
+  }
+}
+
+}  // namespace pipesgd::collective

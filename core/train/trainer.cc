@@ -1,0 +1,182 @@
+#include "core/train/trainer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/base/check.h"
+#include "core/base/error.h"
+
+namespace pipesgd::train {
+
+using collective::ReduceOp;
+
+Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer& optimizer,
+                 std::span<float> params, const TrainerOptions& options)
+    : comm_(comm),
+      objective_(objective),
+      optimizer_(optimizer),
+      params_(params),
+      options_(options),
+      num_params_(objective.num_params()) {
+  if (options.pipeline_width < 1) {
+    Throw(ErrorCode::kInvalidArgument, "pipeline width {}: expected an integer >= 1",
+          options.pipeline_width);
+  }
+  if (params.size() != num_params_) {
+    Throw(ErrorCode::kInvalidArgument, "trainer got {} parameters, the objective has {}",
+          params.size(), num_params_);
+  }
+  slots_.resize(options.pipeline_width);
+  for (Slot& slot : slots_) slot.buffer.assign(num_params_ + 1, 0.0f);
+  comm_thread_ = std::thread([this] { CommLoop(); });
+}
+
+Trainer::~Trainer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    if (!queue_.empty()) abort_ = true;  // don't finish work nobody will wait for
+  }
+  cv_.notify_all();
+  comm_thread_.join();
+}
+
+void Trainer::CommLoop() {
+  while (true) {
+    Job* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty() || abort_) return;
+      job = queue_.front();
+    }
+    try {
+      comm_.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      comm_error_ = std::current_exception();
+      cv_.notify_all();
+      return;  // the communicator is unusable now; every later wait rethrows comm_error_
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job->done = true;
+      queue_.pop_front();
+    }
+    cv_.notify_all();
+  }
+}
+
+void Trainer::Submit(Job& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (comm_error_) std::rethrow_exception(comm_error_);
+    job.done = false;
+    queue_.push_back(&job);
+  }
+  cv_.notify_all();
+}
+
+void Trainer::WaitJob(std::unique_lock<std::mutex>& lock, Job& job, int64_t step) {
+  // The AllReduce itself is bounded by timeout_s; allow for the ones queued ahead of it.
+  const auto deadline = Deadline::After(options_.timeout_s * (options_.pipeline_width + 1));
+  bool ok = cv_.wait_until(lock, deadline.when(), [&] { return job.done || comm_error_; });
+  if (comm_error_) std::rethrow_exception(comm_error_);
+  if (!ok) {
+    Throw(ErrorCode::kDeadlineExceeded,
+          "rank {}: the AllReduce of step {} did not finish within {:.0f} s", comm_.rank(), step,
+          options_.timeout_s * (options_.pipeline_width + 1));
+  }
+}
+
+void Trainer::Step() {
+  const int64_t t = steps_;
+  const int k = options_.pipeline_width;
+  Slot& slot = slots_[t % k];
+  PSGD_CHECK(!slot.busy);  // Finish() released it K steps ago
+
+  std::span<float> grads(slot.buffer.data(), num_params_);
+  const float loss = objective_.ComputeGradient(t, params_, grads);
+  slot.buffer[num_params_] = loss;
+  slot.step = t;
+  slot.busy = true;
+  slot.job.data = slot.buffer;
+  slot.job.op = ReduceOp::kAverage;
+  Submit(slot.job);
+  steps_ = t + 1;
+  losses_.push_back(std::numeric_limits<float>::quiet_NaN());
+
+  // Apply G[t-K+1]: with K = 1 that is this step's own aggregate (synchronous SGD).
+  if (t - k + 1 >= 0) Finish(t - k + 1, /*apply=*/true);
+}
+
+void Trainer::Finish(int64_t s, bool apply) {
+  PSGD_CHECK_EQ(s, finished_);
+  Slot& slot = slots_[s % options_.pipeline_width];
+  PSGD_CHECK_EQ(slot.step, s);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    WaitJob(lock, slot.job, s);
+  }
+  const float loss = slot.buffer[num_params_];
+  losses_[s] = loss;
+  // Checked only for updates that are applied: Drain(false) after an error must still release
+  // every slot (so no peer is left inside a collective), whatever the values.
+  if (apply && !std::isfinite(loss)) {
+    Throw(ErrorCode::kNumerical,
+          "rank {}: step {}: the loss averaged over ranks is {}: training diverged (try a smaller "
+          "train.learning_rate); stopping without applying this update",
+          comm_.rank(), s, loss);
+  }
+  if (apply) {
+    for (size_t i = 0; i < num_params_; ++i) {
+      if (!std::isfinite(slot.buffer[i])) {
+        Throw(ErrorCode::kNumerical,
+              "rank {}: step {}: the averaged gradient has a non-finite value ({}) at parameter "
+              "{}; stopping without applying this update",
+              comm_.rank(), s, slot.buffer[i], i);
+      }
+    }
+    optimizer_.Apply(params_, std::span<const float>(slot.buffer.data(), num_params_));
+    ++applied_;
+  }
+  slot.busy = false;
+  finished_ = s + 1;
+}
+
+void Trainer::HarvestLosses() {
+  for (Slot& slot : slots_) {
+    if (slot.busy && slot.job.done) losses_[slot.step] = slot.buffer[num_params_];
+  }
+}
+
+void Trainer::Sync() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (Slot& slot : slots_) {
+    if (slot.busy) WaitJob(lock, slot.job, slot.step);
+  }
+  HarvestLosses();
+}
+
+void Trainer::Drain(bool apply) {
+  while (finished_ < steps_) Finish(finished_, apply);
+}
+
+void Trainer::AllReduce(std::span<float> data, ReduceOp op) {
+  Job job;
+  job.data = data;
+  job.op = op;
+  Submit(job);
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitJob(lock, job, steps_);
+  HarvestLosses();  // every gradient submitted before `job` has finished too
+}
+
+float Trainer::StepLoss(int64_t step) const {
+  if (step < 0 || step >= static_cast<int64_t>(losses_.size())) {
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  return losses_[step];
+}
+
+}  // namespace pipesgd::train

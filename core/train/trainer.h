@@ -1,0 +1,143 @@
+// Pipelined data-parallel SGD of width K (Pipe-SGD, Li et al., NeurIPS 2018, Sec. 3).
+//
+// Each worker runs two threads: the caller's thread computes gradients and applies updates; a
+// communication thread owned by the Trainer runs the ring AllReduces, one at a time, in order.
+// Step t:
+//   1. compute g[t] = grad f(w[t]; this rank's slice of global batch t) into slot t mod K;
+//   2. hand the slot to the communication thread, which averages it over the ranks: G[t];
+//   3. if t >= K-1, wait for G[t-K+1] and apply it:  w[t+1] = w[t] - lr * G[t-K+1]
+//      (with momentum/weight decay, whatever the Optimizer does with G); else w[t+1] = w[t].
+// K = 1 is synchronous SGD (w[t+1] = w[t] - lr * G[t]). K = 2 is Pipe-SGD: the AllReduce of
+// step t runs while step t+1 is computed, and every update is one step stale. While a step is
+// being computed at most K-1 AllReduces are in flight. Every rank applies the same aggregates in
+// the same order, so the replicas stay bitwise identical.
+//
+// The rank's mean loss rides along as one extra element of each gradient buffer, so the loss
+// averaged over ranks arrives with G[t] at no extra collective, and a non-finite loss stops every
+// rank at the same step with the same error.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "core/collective/ring_allreduce.h"
+
+namespace pipesgd::train {
+
+// What the trainer trains: anything that can compute a gradient at given parameters. The
+// trainer knows nothing of layers or data beyond this.
+class Objective {
+ public:
+  virtual ~Objective() = default;
+  virtual size_t num_params() const = 0;
+  // This rank's gradient of its local loss for global step `step` at `params`: OVERWRITES
+  // grads (num_params floats) and returns the local mean loss.
+  virtual float ComputeGradient(int64_t step, std::span<const float> params,
+                                std::span<float> grads) = 0;
+};
+
+// Applies one rank-averaged gradient to the parameters (SGD, momentum, ...).
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual void Apply(std::span<float> params, std::span<const float> grads) = 0;
+};
+
+struct TrainerOptions {
+  int pipeline_width = 2;  // K >= 1
+  // Bound on every wait: one AllReduce, and the compute thread's wait for an aggregate.
+  double timeout_s = 120;
+};
+
+class Trainer {
+ public:
+  // `params` (objective.num_params() floats) must outlive the trainer; it must be identical on
+  // every rank (same seed). Starts the communication thread. Throws Error kInvalidArgument for
+  // a width < 1 or a size mismatch.
+  Trainer(collective::Communicator& comm, Objective& objective, Optimizer& optimizer,
+          std::span<float> params, const TrainerOptions& options);
+  // Stops the communication thread; an AllReduce still in flight is aborted (the peers see the
+  // connection close and fail too).
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Runs step t = steps(): computes g[t], submits its AllReduce and, if t >= K-1, waits for
+  // G[t-K+1] and applies it. After it returns, params hold w[t+1].
+  // Throws Error: kNumerical (the rank-averaged loss or gradient of an applied step is not
+  // finite; the update is not applied), kDeadlineExceeded, and whatever the AllReduce threw.
+  void Step();
+
+  // Waits until every submitted AllReduce has finished, so StepLoss() knows every step so far.
+  // Pending aggregates stay pending (the pipeline is not disturbed).
+  void Sync();
+
+  // Waits for every submitted AllReduce and consumes the pending aggregates: with apply = true
+  // they are applied in order (no computed gradient is lost; params = w[steps() + K - 1] in the
+  // recurrence's terms); with apply = false they are dropped and params stay w[steps()]. Call it
+  // before destroying the trainer so that no rank aborts a collective its peers are still in.
+  void Drain(bool apply);
+
+  // AllReduces `data` on the communication thread, after every gradient submitted so far, and
+  // waits for it (e.g. evaluation counts). Throws like Step.
+  void AllReduce(std::span<float> data, collective::ReduceOp op);
+
+  int64_t steps() const { return steps_; }
+  // Updates applied so far (steps() - K + 1 in steady state, steps() after Drain(true)).
+  int64_t applied() const { return applied_; }
+  int pipeline_width() const { return options_.pipeline_width; }
+  // Loss of step `step` averaged over ranks, once its AllReduce has finished; NaN before.
+  float StepLoss(int64_t step) const;
+
+ private:
+  struct Job {
+    std::span<float> data;
+    collective::ReduceOp op = collective::ReduceOp::kAverage;
+    bool done = false;
+  };
+  struct Slot {
+    std::vector<float> buffer;  // num_params gradient floats, then the local loss
+    Job job;
+    int64_t step = -1;
+    bool busy = false;  // submitted and not yet applied or released
+  };
+
+  void CommLoop();
+  void Submit(Job& job);
+  // Waits for `job` (lock held); rethrows the communication thread's error.
+  void WaitJob(std::unique_lock<std::mutex>& lock, Job& job, int64_t step);
+  // Waits for step s's aggregate, records its loss, checks it and (if apply) applies it.
+  void Finish(int64_t s, bool apply);
+  // Records the losses of finished AllReduces (REQUIRES: mu_ held).
+  void HarvestLosses();
+
+  collective::Communicator& comm_;
+  Objective& objective_;
+  Optimizer& optimizer_;
+  std::span<float> params_;
+  TrainerOptions options_;
+  const size_t num_params_;
+
+  std::vector<Slot> slots_;  // K of them; slot t % K holds step t
+  int64_t steps_ = 0;
+  int64_t applied_ = 0;
+  int64_t finished_ = 0;     // steps whose aggregate has been consumed (applied or released)
+  std::vector<float> losses_;  // by step; NaN until known (compute thread only)
+
+  std::mutex mu_;  // guards queue_, Job::done, comm_error_, stop_
+  std::condition_variable cv_;
+  std::deque<Job*> queue_;
+  std::exception_ptr comm_error_;
+  bool stop_ = false;
+  std::atomic<bool> abort_{false};
+  std::thread comm_thread_;
+};
+
+}  // namespace pipesgd::train

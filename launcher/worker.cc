@@ -1,0 +1,272 @@
+#include "launcher/worker.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <google/protobuf/util/json_util.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.h"
+#include "core/base/log.h"
+#include "core/collective/ring_allreduce.h"
+#include "core/data/dataset.h"
+#include "core/train/classifier_task.h"
+#include "core/train/trainer.h"
+#include "launcher/config.h"
+#include "layers/model.h"
+#include "transport/message_io.h"
+#include "transport/rendezvous.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace pipesgd::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+long ParseIntVar(const char* name, const char* value, long lo, long hi, const char* expected) {
+  char* end = nullptr;
+  errno = 0;
+  long v = std::strtol(value, &end, 10);
+  if (errno != 0 || end == value || *end != '\0' || v < lo || v > hi) {
+    Throw(ErrorCode::kInvalidArgument, "environment variable {}='{}': expected {}", name, value,
+          expected);
+  }
+  return v;
+}
+
+// The model of the config, on `in_features` inputs.
+std::unique_ptr<layers::Model> BuildModel(const config::Model& spec, size_t in_features,
+                                          size_t max_batch) {
+  std::vector<std::unique_ptr<layers::Layer>> stack;
+  size_t width = in_features;
+  for (const auto& layer : spec.layers()) {
+    if (layer.has_linear()) {
+      stack.push_back(layers::MakeLinear(width, layer.linear().out_features()));
+      width = layer.linear().out_features();
+    } else if (layer.has_relu()) {
+      stack.push_back(layers::MakeRelu(width));
+    }
+  }
+  return std::make_unique<layers::Model>(std::move(stack), max_batch);
+}
+
+int NumClasses(const config::Model& spec) {
+  for (int i = spec.layers_size() - 1; i >= 0; --i) {
+    if (spec.layers(i).has_linear()) return spec.layers(i).linear().out_features();
+  }
+  return 0;  // the config loader rejects models without a linear layer
+}
+
+nlohmann::json ConfigAsJson(const config::Job& job) {
+  std::string text;
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(job, &text, options);
+  return nlohmann::json::parse(text);
+}
+
+void WriteFileAtomically(const std::filesystem::path& path, const std::string& contents) {
+  auto tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << contents;
+    if (!out) Throw(ErrorCode::kIo, "cannot write {}", tmp.string());
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace
+
+JobEnv ReadJobEnv() {
+  JobEnv env;
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (!rank && !world) return env;  // a single process
+  if (!rank || !world) {
+    Throw(ErrorCode::kInvalidArgument,
+          "environment: {} is set but {} is not; set both RANK and WORLD_SIZE (or neither, for "
+          "a single process)",
+          rank ? "RANK" : "WORLD_SIZE", rank ? "WORLD_SIZE" : "RANK");
+  }
+  env.world_size = static_cast<int>(
+      ParseIntVar("WORLD_SIZE", world, 1, 65536, "an integer in [1, 65536]"));
+  env.rank = static_cast<int>(ParseIntVar(
+      "RANK", rank, 0, env.world_size - 1,
+      fmt::format("an integer in [0, WORLD_SIZE={})", env.world_size).c_str()));
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) env.master_addr = addr;
+  if (const char* port = std::getenv("MASTER_PORT"); port && *port) {
+    env.master_port = static_cast<uint16_t>(
+        ParseIntVar("MASTER_PORT", port, 1, 65535, "a TCP port in [1, 65535]"));
+  }
+  return env;
+}
+
+void RunWorker(const WorkerArgs& args) {
+  const auto start = Clock::now();
+  const JobEnv env = ReadJobEnv();
+  const bool lead = env.rank == 0;
+  const config::Job job = LoadJobConfig(args.config_path, args.overrides);
+  const auto& train_cfg = job.train();
+  const auto& comm_cfg = job.comm();
+  const int width = train_cfg.pipeline_width();
+  if (lead) {
+    PSGD_LOG_INFO("pipesgd worker: world size {}, pipeline width {} ({}), transport tcp",
+                  env.world_size, width, width == 1 ? "synchronous SGD" : "Pipe-SGD");
+    PSGD_LOG_INFO("effective config ({}):\n{}", args.config_path, FormatConfig(job));
+  }
+
+  // Data and model. Every rank loads the same files and initialises the same parameters from
+  // the seed, so no broadcast is needed.
+  const int num_classes = NumClasses(job.model());
+  const auto& data_cfg = job.data();
+  data::Dataset train_set = data::LoadDataset(data_cfg.train_images(), data_cfg.train_labels(),
+                                              num_classes, data_cfg.train_limit());
+  data::Dataset test_set = data::LoadDataset(data_cfg.test_images(), data_cfg.test_labels(),
+                                             num_classes, data_cfg.test_limit());
+  const size_t batch = static_cast<size_t>(train_cfg.batch_size());
+  auto model = BuildModel(job.model(), train_set.features, std::max<size_t>(batch, 500));
+  std::vector<float> params(model->num_params());
+  model->Init(params, train_cfg.seed());
+  train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size,
+                             train_cfg.seed(), {data_cfg.input_mean(), data_cfg.input_std()});
+  const size_t steps_per_epoch = task.steps_per_epoch();
+  if (steps_per_epoch == 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "{}: the training set has {} samples, fewer than one global batch (batch_size {} x "
+          "world size {})",
+          args.config_path, train_set.count, batch, env.world_size);
+  }
+  if (lead) {
+    PSGD_LOG_INFO("model: {}", model->Describe());
+    PSGD_LOG_INFO("data: {} training samples ({} steps per epoch of global batch {}), {} test "
+                  "samples",
+                  train_set.count, steps_per_epoch, batch * env.world_size, test_set.count);
+  }
+
+  // Network: publish our endpoint, meet the others, connect the ring.
+  const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
+  transport::tcp::TcpOptions tcp;
+  tcp.rank = env.rank;
+  tcp.world_size = env.world_size;
+  tcp.bind_host = env.world_size == 1
+                      ? "127.0.0.1"
+                      : transport::LocalIpToward(env.master_addr, env.master_port);
+  auto transport = transport::tcp::CreateTcpTransport(tcp);
+  transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, env.world_size};
+  auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), start_deadline);
+  collective::CommunicatorOptions comm_options;
+  comm_options.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
+  auto comm = collective::Communicator::Create(std::move(transport), env.world_size, addresses,
+                                               comm_options, start_deadline);
+  if (lead) PSGD_LOG_INFO("ring connected: {} ranks over tcp", env.world_size);
+
+  train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
+                           train_cfg.weight_decay()},
+                          params.size());
+  train::Trainer trainer(*comm, task, sgd, params, {width, comm_cfg.timeout_s()});
+
+  std::ofstream metrics;
+  if (lead && !args.out_dir.empty()) {
+    std::filesystem::create_directories(args.out_dir);
+    metrics.open(std::filesystem::path(args.out_dir) / "metrics.jsonl", std::ios::trunc);
+    if (!metrics) Throw(ErrorCode::kIo, "cannot write {}/metrics.jsonl", args.out_dir);
+  }
+
+  const int epochs = train_cfg.epochs();
+  const int64_t max_steps = train_cfg.max_steps() > 0
+                                ? train_cfg.max_steps()
+                                : static_cast<int64_t>(epochs) * steps_per_epoch;
+  const int progress = train_cfg.progress_per_epoch();
+  const auto train_start = Clock::now();
+  float final_accuracy = 0;
+  try {
+    for (int epoch = 0; epoch < epochs && trainer.steps() < max_steps; ++epoch) {
+      const auto epoch_start = Clock::now();
+      const int64_t first = trainer.steps();
+      const int64_t last = std::min<int64_t>(first + steps_per_epoch, max_steps);
+      for (int64_t t = first; t < last; ++t) {
+        trainer.Step();
+        const int64_t done = t + 1 - first;
+        if (lead && progress > 0 && done < last - first &&
+            done % std::max<int64_t>(1, steps_per_epoch / (progress + 1)) == 0) {
+          const float loss = trainer.StepLoss(trainer.applied() - 1);
+          PSGD_LOG_INFO("epoch {}/{} step {}/{}: loss {:.4f}, {:.0f} samples/s", epoch + 1,
+                        epochs, done, last - first, loss,
+                        done * batch * env.world_size / Seconds(epoch_start));
+        }
+      }
+      const double train_s = Seconds(epoch_start);
+      const bool final_epoch = epoch + 1 == epochs || trainer.steps() >= max_steps;
+      // At the end the pending aggregates are applied so no computed gradient is lost;
+      // in between, the pipeline keeps flowing across the epoch boundary.
+      if (final_epoch) trainer.Drain(true); else trainer.Sync();
+      double loss_sum = 0;
+      for (int64_t t = first; t < last; ++t) loss_sum += trainer.StepLoss(t);
+      const double train_loss = loss_sum / static_cast<double>(last - first);
+
+      layers::EvalResult local = task.EvaluateShard(params, test_set, env.rank, env.world_size);
+      std::vector<float> sums = {static_cast<float>(local.loss_sum),
+                                 static_cast<float>(local.correct),
+                                 static_cast<float>(local.count)};
+      trainer.AllReduce(sums, collective::ReduceOp::kSum);
+      const double accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
+      const double test_loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
+      final_accuracy = static_cast<float>(accuracy);
+      const double samples_per_s = (last - first) * batch * env.world_size / train_s;
+      const double wall_s = Seconds(train_start);
+      if (lead) {
+        PSGD_LOG_INFO("epoch {}/{}: train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.4f}  "
+                      "{:.0f} samples/s  wall {:.1f} s",
+                      epoch + 1, epochs, train_loss, test_loss, accuracy, samples_per_s, wall_s);
+        if (metrics.is_open()) {
+          nlohmann::json line = {{"epoch", epoch + 1},
+                                 {"steps", last},
+                                 {"train_loss", train_loss},
+                                 {"test_loss", test_loss},
+                                 {"test_accuracy", accuracy},
+                                 {"samples_per_s", samples_per_s},
+                                 {"wall_s", wall_s}};
+          metrics << line.dump() << "\n" << std::flush;
+        }
+      }
+    }
+  } catch (...) {
+    // Let in-flight collectives finish on every rank before the trainer goes away, so this
+    // rank's failure does not turn into a confusing connection error on its peers.
+    try {
+      trainer.Drain(false);
+    } catch (...) {
+    }
+    throw;
+  }
+
+  const double wall_s = Seconds(start);
+  if (lead) {
+    PSGD_LOG_INFO("final test accuracy: {:.4f} ({} steps, {:.1f} s)", final_accuracy,
+                  trainer.steps(), wall_s);
+    if (!args.out_dir.empty()) {
+      nlohmann::json summary = {{"final_test_accuracy", final_accuracy},
+                                {"wall_s", wall_s},
+                                {"train_wall_s", Seconds(train_start)},
+                                {"steps", trainer.steps()},
+                                {"world_size", env.world_size},
+                                {"pipeline_width", width},
+                                {"transport", "tcp"},
+                                {"config", ConfigAsJson(job)}};
+      WriteFileAtomically(std::filesystem::path(args.out_dir) / "summary.json",
+                          summary.dump(2) + "\n");
+    }
+  }
+}
+
+}  // namespace pipesgd::launcher

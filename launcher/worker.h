@@ -1,0 +1,35 @@
+// `pipesgd worker`: one rank of a job, the composition root that wires config, data, model,
+// transport, rendezvous, communicator and trainer together and runs the epochs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace pipesgd::launcher {
+
+struct WorkerArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;  // "path=value", as for --set
+  std::string out_dir;                 // rank 0 writes metrics.jsonl and summary.json here
+  bool verbose = false;
+};
+
+// Where this rank sits in the job, from the environment variables torchrun and Horovod use:
+// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK, unused on the CPU). With neither
+// RANK nor WORLD_SIZE set the job is a single process.
+struct JobEnv {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  uint16_t master_port = 29500;
+};
+
+// Reads and checks the variables. Throws Error kInvalidArgument naming the variable, its value
+// and what was expected.
+JobEnv ReadJobEnv();
+
+// Runs the rank to completion. Throws pipesgd::Error on any failure (the caller prints it and
+// exits non-zero).
+void RunWorker(const WorkerArgs& args);
+
+}  // namespace pipesgd::launcher

@@ -1,0 +1,99 @@
+// Fully connected layer on OpenBLAS sgemm. Parameters [W (out, in) row-major, b (out)].
+#include <cblas.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/base/check.h"
+#include "core/base/error.h"
+#include "layers/layer.h"
+#include "layers/rng.h"
+
+namespace pipesgd::layers {
+namespace {
+
+class Linear final : public Layer {
+ public:
+  Linear(size_t in, size_t out) : in_(in), out_(out) {}
+
+  std::string name() const override { return fmt::format("linear({}->{})", in_, out_); }
+  size_t in_features() const override { return in_; }
+  size_t out_features() const override { return out_; }
+  size_t num_params() const override { return out_ * in_ + out_; }
+
+  void Init(std::span<float> params, Rng& rng) const override {
+    PSGD_CHECK_EQ(params.size(), num_params());
+    // PyTorch's nn.Linear: kaiming_uniform(a=sqrt(5)) for W reduces to U(-1/sqrt(in), 1/sqrt(in)),
+    // and b uses the same bound. One draw per float, W row-major first, then b, so the stream
+    // order is part of the "same seed -> same model" contract.
+    const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
+    for (float& p : params) p = rng.Uniform(-bound, bound);
+  }
+
+  void Forward(std::span<const float> params, const float* x, float* y,
+               size_t batch) const override {
+    PSGD_CHECK_EQ(params.size(), num_params());
+    const float* w = params.data();               // (out, in)
+    const float* b = params.data() + out_ * in_;  // (out)
+    // y (B, out) = x (B, in) @ W^T (in, out)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Int(batch), Int(out_), Int(in_), 1.0f,
+                x, Int(in_), w, Int(in_), 0.0f, y, Int(out_));
+    for (size_t i = 0; i < batch; i++) {
+      float* y_row = y + i * out_;
+      for (size_t o = 0; o < out_; o++) y_row[o] += b[o];
+    }
+  }
+
+  void Backward(std::span<const float> params, const float* x, const float* y, const float* dy,
+                std::span<float> grads, float* dx, size_t batch) const override {
+    PSGD_CHECK_EQ(params.size(), num_params());
+    PSGD_CHECK_EQ(grads.size(), num_params());
+    const float* w = params.data();         // (out, in)
+    float* dw = grads.data();               // (out, in)
+    float* db = grads.data() + out_ * in_;  // (out)
+    // beta = 0: gradients are overwritten, never accumulated, so the caller may hand in a buffer
+    // holding anything (the trainer reuses gradient buffers across pipeline slots).
+    // dW (out, in) = dy^T (out, B) @ x (B, in)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Int(out_), Int(in_), Int(batch), 1.0f,
+                dy, Int(out_), x, Int(in_), 0.0f, dw, Int(in_));
+    // db (out) = column sums of dy (B, out), in batch order
+    for (size_t o = 0; o < out_; o++) db[o] = 0.0f;
+    for (size_t i = 0; i < batch; i++) {
+      const float* dy_row = dy + i * out_;
+      for (size_t o = 0; o < out_; o++) db[o] += dy_row[o];
+    }
+    if (dx != nullptr) {
+      // dx (B, in) = dy (B, out) @ W (out, in)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Int(batch), Int(in_), Int(out_),
+                  1.0f, dy, Int(out_), w, Int(in_), 0.0f, dx, Int(in_));
+    }
+  }
+
+ private:
+  // BLAS dimensions are int; sizes beyond that are a bug in the caller, not input.
+  static blasint Int(size_t n) {
+    PSGD_CHECK_LE(n, static_cast<size_t>(INT32_MAX));
+    return static_cast<blasint>(n);
+  }
+
+  size_t in_;
+  size_t out_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> MakeLinear(size_t in_features, size_t out_features) {
+  if (in_features == 0 || out_features == 0) {
+    Throw(ErrorCode::kInvalidArgument, "linear layer needs at least one input and one output, got "
+          "linear({}->{})", in_features, out_features);
+  }
+  return std::make_unique<Linear>(in_features, out_features);
+}
+
+}  // namespace pipesgd::layers

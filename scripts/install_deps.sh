@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package that pipesgd's build, tests and data need.
+# Idempotent: packages already present are skipped, and `apt-get update` runs at most once
+# (and not at all when nothing is missing). Needs root (or sudo).
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake pkg-config ninja-build
+  # libraries (see README "Dependencies")
+  libprotobuf-dev protobuf-compiler
+  libboost-dev
+  libopenblas-dev
+  libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # data: Fashion-MNIST as gzipped IDX under /usr/share/datasets/fashion-mnist/
+  dataset-fashion-mnist
+  # tests: process tools
+  procps iproute2
+)
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  SUDO="sudo"
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install_deps: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

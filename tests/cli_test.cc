@@ -1,0 +1,288 @@
+// End-to-end tests of the `pipesgd` binary: the main job's accuracy with width 1 and 2, bad input
+// failing with clear errors (never a crash or a hang), and the supervisor stopping a job when a
+// worker dies.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include "tests/support/subprocess.h"
+
+namespace pipesgd {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using testing::RunCommand;
+
+const std::string kBinary = PIPESGD_BINARY;
+const std::string kConfig = std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp.pbtxt";
+const std::string kData = "/usr/share/datasets/fashion-mnist/";
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "pipesgd_cli_XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string File(const std::string& name, const std::string& contents) const {
+    std::string p = (path_ / name).string();
+    std::ofstream(p, std::ios::binary) << contents;
+    return p;
+  }
+  std::string path(const std::string& name = "") const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string Gunzip(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  std::string out;
+  char buf[65536];
+  int n;
+  while ((n = gzread(f, buf, sizeof(buf))) > 0) out.append(buf, n);
+  gzclose(f);
+  return out;
+}
+
+// Runs a short single-process worker with some --set overrides; returns its result.
+CommandResult Worker(const std::vector<std::string>& sets, const std::string& config = kConfig) {
+  std::vector<std::string> argv = {kBinary, "worker", config, "--set", "train.max_steps=5"};
+  for (const auto& s : sets) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
+  return RunCommand(argv, {}, 120);
+}
+
+// --- the main job -------------------------------------------------------------------------
+
+class MainJob : public ::testing::TestWithParam<int> {};
+
+TEST_P(MainJob, ReachesAccuracyWithinThreeEpochs) {
+  const int width = GetParam();
+  TempDir dir;
+  auto r = RunCommand({kBinary, "run", "-np", "4", kConfig, "--set",
+                       "train.pipeline_width=" + std::to_string(width), "--out", dir.path("out")},
+                      {}, 600);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 0] final test accuracy: "), std::string::npos) << r.out;
+
+  std::ifstream summary_file(dir.path("out/summary.json"));
+  ASSERT_TRUE(summary_file) << "no summary.json";
+  auto summary = nlohmann::json::parse(summary_file);
+  const double accuracy = summary.at("final_test_accuracy").get<double>();
+  EXPECT_GE(accuracy, 0.85) << "width " << width;
+  EXPECT_EQ(summary.at("world_size"), 4);
+  EXPECT_EQ(summary.at("pipeline_width"), width);
+  EXPECT_EQ(summary.at("transport"), "tcp");
+  EXPECT_EQ(summary.at("config").at("train").at("pipeline_width"), width);
+  EXPECT_GT(summary.at("wall_s").get<double>(), 0);
+
+  std::ifstream metrics(dir.path("out/metrics.jsonl"));
+  std::string line;
+  int epochs = 0;
+  while (std::getline(metrics, line)) {
+    auto m = nlohmann::json::parse(line);
+    ++epochs;
+    EXPECT_EQ(m.at("epoch"), epochs);
+    for (const char* key : {"train_loss", "test_accuracy", "samples_per_s", "wall_s"}) {
+      EXPECT_TRUE(m.contains(key)) << key;
+    }
+    EXPECT_GT(m.at("samples_per_s").get<double>(), 0);
+  }
+  EXPECT_EQ(epochs, 3);
+  std::printf("width %d: final test accuracy %.4f in %.1f s\n", width, accuracy,
+              summary.at("wall_s").get<double>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, MainJob, ::testing::Values(1, 2));
+
+// --- bad input -----------------------------------------------------------------------------
+
+void ExpectError(const CommandResult& r, const std::vector<std::string>& needles) {
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  for (const auto& n : needles) {
+    EXPECT_NE(r.err.find(n), std::string::npos) << "stderr lacks '" << n << "':\n" << r.err;
+  }
+}
+
+TEST(BadInput, HtmlPageAsImages) {
+  TempDir dir;
+  auto html = dir.File("train.gz", "<!DOCTYPE html><html><body>404 Not Found</body></html>\n");
+  ExpectError(Worker({"data.train_images=" + html}), {html, "not an IDX file", "<!DO"});
+}
+
+TEST(BadInput, WrongMagic) {
+  TempDir dir;
+  std::string bytes = Gunzip(kData + "train-images-idx3-ubyte.gz").substr(0, 16 + 784);
+  bytes[2] = 0x0d;  // element type float instead of unsigned byte
+  auto path = dir.File("images", bytes);
+  ExpectError(Worker({"data.train_images=" + path}), {path, "0x"});
+}
+
+TEST(BadInput, LabelsFileGivenAsImages) {
+  ExpectError(Worker({"data.train_images=" + kData + "train-labels-idx1-ubyte.gz"}),
+              {"train-labels-idx1-ubyte.gz", "labels"});
+}
+
+TEST(BadInput, TruncatedFile) {
+  TempDir dir;
+  std::string bytes = Gunzip(kData + "t10k-images-idx3-ubyte.gz");
+  auto path = dir.File("truncated", bytes.substr(0, bytes.size() / 2));
+  ExpectError(Worker({"data.test_images=" + path}), {path, std::to_string(bytes.size())});
+}
+
+TEST(BadInput, TenImagesNineLabels) {
+  TempDir dir;
+  std::string images = Gunzip(kData + "t10k-images-idx3-ubyte.gz").substr(0, 16 + 10 * 784);
+  images[4] = images[5] = images[6] = 0;
+  images[7] = 10;
+  std::string labels = Gunzip(kData + "t10k-labels-idx1-ubyte.gz").substr(0, 8 + 9);
+  labels[4] = labels[5] = labels[6] = 0;
+  labels[7] = 9;
+  auto ipath = dir.File("images", images);
+  auto lpath = dir.File("labels", labels);
+  ExpectError(Worker({"data.test_images=" + ipath, "data.test_labels=" + lpath}),
+              {ipath, lpath, "10 images", "9 labels"});
+}
+
+TEST(BadInput, UnknownConfigField) {
+  TempDir dir;
+  auto config = dir.File("job.pbtxt", "train {\n  batch_size: 8\n  pipeline_widht: 2\n}\n");
+  ExpectError(Worker({}, config), {config + ":3:3", "pipeline_widht"});
+}
+
+TEST(BadInput, WidthZero) {
+  TempDir dir;
+  auto config = dir.File("job.pbtxt", "model { layers { linear { out_features: 10 } } }\n"
+                                      "train {\n  pipeline_width: 0\n}\n");
+  ExpectError(Worker({}, config), {config + ":3:", "pipeline_width", "[1, 16]"});
+}
+
+TEST(BadInput, WidthZeroOnTheCommandLineOfRun) {
+  // The launcher checks the config before starting any worker: one clear error, no [rank] noise.
+  auto r = RunCommand({kBinary, "run", "-np", "4", kConfig, "--set", "train.pipeline_width=0"});
+  ExpectError(r, {"--set train.pipeline_width=0", "[1, 16]"});
+  EXPECT_EQ(r.out.find("[rank"), std::string::npos) << r.out;
+}
+
+TEST(BadInput, BadEnvironment) {
+  auto r = RunCommand({kBinary, "worker", kConfig}, {{"RANK", "4"}, {"WORLD_SIZE", "4"}});
+  ExpectError(r, {"RANK='4'", "[0, WORLD_SIZE=4)"});
+  r = RunCommand({kBinary, "worker", kConfig}, {{"RANK", "0"}});
+  ExpectError(r, {"WORLD_SIZE"});
+}
+
+TEST(BadInput, EveryRankReportsDataErrorsThroughRun) {
+  TempDir dir;
+  auto html = dir.File("t.html", "<html>nope</html>");
+  auto r = RunCommand({kBinary, "run", "-np", "2", kConfig, "--set", "data.train_images=" + html});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("not an IDX file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("failed: rank"), std::string::npos) << r.out << r.err;
+}
+
+// --- supervision ---------------------------------------------------------------------------
+
+std::vector<pid_t> Children(pid_t parent) {
+  std::ifstream f("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) +
+                  "/children");
+  std::vector<pid_t> pids;
+  pid_t p;
+  while (f >> p) pids.push_back(p);
+  return pids;
+}
+
+int RankOf(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::stringstream ss(env);
+  std::string var;
+  while (std::getline(ss, var, '\0')) {
+    if (var.rfind("RANK=", 0) == 0) return std::stoi(var.substr(5));
+  }
+  return -1;
+}
+
+TEST(Supervisor, KilledWorkerStopsTheJobAndIsNamed) {
+  TempDir dir;
+  const std::string out = dir.path("stdout");
+  const std::string err = dir.path("stderr");
+  pid_t run = fork();
+  if (run == 0) {
+    freopen(out.c_str(), "w", stdout);
+    freopen(err.c_str(), "w", stderr);
+    execl(kBinary.c_str(), kBinary.c_str(), "run", "-np", "3", kConfig.c_str(), "--set",
+          "train.epochs=100", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait for the three workers to be training.
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 300 && workers.size() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    workers = Children(run);
+  }
+  ASSERT_EQ(workers.size(), 3u);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  pid_t victim = -1;
+  for (pid_t w : workers) {
+    if (RankOf(w) == 1) victim = w;
+  }
+  ASSERT_GT(victim, 0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  kill(victim, SIGKILL);
+
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(run, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - killed_at < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (done == 0) {
+    kill(run, SIGKILL);
+    for (pid_t w : workers) kill(w, SIGKILL);
+    waitpid(run, &status, 0);
+    FAIL() << "pipesgd run did not stop within 30 s of a worker's death";
+  }
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(took, 15);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  std::ifstream e(err);
+  std::string errors((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  EXPECT_NE(errors.find("rank 1 (pid " + std::to_string(victim) + ") was killed by signal 9"),
+            std::string::npos)
+      << errors;
+  // Every worker is gone (reaped by the launcher).
+  for (pid_t w : workers) EXPECT_NE(kill(w, 0), 0) << "worker " << w << " still exists";
+}
+
+TEST(Cli, HelpListsSubcommands) {
+  auto r = RunCommand({kBinary, "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("run"), std::string::npos);
+  EXPECT_NE(r.out.find("worker"), std::string::npos);
+  r = RunCommand({kBinary, "run", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--set"), std::string::npos);
+  EXPECT_NE(r.out.find("--out"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipesgd

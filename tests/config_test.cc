@@ -1,0 +1,473 @@
+// LoadJobConfig / FormatConfig: the shipped config, defaults, parse errors with file:line:column,
+// range checks and --set overrides.
+#include "launcher/config.h"
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/text_format.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/base/error.h"
+
+namespace pipesgd::launcher {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// A valid model, used where a test is about something else.
+constexpr char kModel[] = "model { layers { linear { out_features: 10 } } }\n";
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "pipesgd_config_test.XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& text, const std::string& name = "job.pbtxt") {
+    std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  // The error LoadJobConfig throws; fails the test if it does not throw.
+  static Error LoadError(const std::string& path, const std::vector<std::string>& overrides = {}) {
+    try {
+      LoadJobConfig(path, overrides);
+    } catch (const Error& e) {
+      return e;
+    }
+    ADD_FAILURE() << "LoadJobConfig(" << path << ") did not throw";
+    return Error(ErrorCode::kInternal, "did not throw");
+  }
+
+  // The message of the kInvalidArgument error that loading `text` throws.
+  std::string InvalidMessage(const std::string& text,
+                             const std::vector<std::string>& overrides = {}) {
+    Error e = LoadError(Write(text), overrides);
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    return e.what();
+  }
+
+  std::filesystem::path dir_;
+};
+
+const std::string kShipped = std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp.pbtxt";
+
+TEST_F(ConfigTest, ShippedConfigLoads) {
+  config::Job job = LoadJobConfig(kShipped, {});
+
+  ASSERT_EQ(job.model().layers_size(), 5);
+  EXPECT_EQ(job.model().layers(0).linear().out_features(), 256);
+  EXPECT_TRUE(job.model().layers(1).has_relu());
+  EXPECT_EQ(job.model().layers(2).linear().out_features(), 128);
+  EXPECT_TRUE(job.model().layers(3).has_relu());
+  EXPECT_EQ(job.model().layers(4).linear().out_features(), 10);
+
+  EXPECT_EQ(job.data().train_images(),
+            "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  EXPECT_EQ(job.data().test_labels(), "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz");
+
+  EXPECT_EQ(job.data().input_mean(), 0.2860f);
+  EXPECT_EQ(job.data().input_std(), 0.3530f);
+
+  EXPECT_EQ(job.train().batch_size(), 16);
+  EXPECT_EQ(job.train().learning_rate(), 0.05f);
+  EXPECT_EQ(job.train().momentum(), 0.5f);
+  EXPECT_EQ(job.train().weight_decay(), 0.0f);
+  EXPECT_EQ(job.train().epochs(), 3);
+  EXPECT_EQ(job.train().seed(), 1u);
+  EXPECT_EQ(job.train().pipeline_width(), 2);
+
+  EXPECT_EQ(job.comm().transport(), config::TCP);
+  EXPECT_EQ(job.comm().chunk_bytes(), 1048576);
+
+  // Not in the file: filled from the schema defaults, and marked present.
+  EXPECT_TRUE(job.train().has_max_steps());
+  EXPECT_EQ(job.train().max_steps(), 0);
+  EXPECT_TRUE(job.train().has_progress_per_epoch());
+  EXPECT_EQ(job.train().progress_per_epoch(), 4);
+  EXPECT_TRUE(job.data().has_train_limit());
+  EXPECT_EQ(job.data().train_limit(), 0);
+  EXPECT_TRUE(job.comm().has_timeout_s());
+  EXPECT_EQ(job.comm().timeout_s(), 120.0);
+  EXPECT_EQ(job.comm().start_timeout_s(), 60.0);
+}
+
+TEST_F(ConfigTest, DefaultsFilledWhenAbsent) {
+  config::Job job = LoadJobConfig(Write(kModel), {});
+  ASSERT_TRUE(job.has_data());
+  ASSERT_TRUE(job.has_train());
+  ASSERT_TRUE(job.has_comm());
+  EXPECT_EQ(job.data().train_images(),
+            "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  EXPECT_EQ(job.data().test_limit(), 0);
+  EXPECT_EQ(job.data().input_mean(), 0.0f);  // raw pixel/255 unless a config says otherwise
+  EXPECT_EQ(job.data().input_std(), 1.0f);
+
+  EXPECT_EQ(job.train().batch_size(), 16);
+  EXPECT_EQ(job.train().learning_rate(), 0.05f);
+  EXPECT_EQ(job.train().momentum(), 0.5f);
+  EXPECT_TRUE(job.train().has_weight_decay());
+  EXPECT_EQ(job.train().epochs(), 3);
+  EXPECT_EQ(job.train().pipeline_width(), 2);
+  EXPECT_TRUE(job.comm().has_transport());
+  EXPECT_EQ(job.comm().transport(), config::TCP);
+  EXPECT_EQ(job.comm().chunk_bytes(), 1 << 20);
+  EXPECT_EQ(job.comm().start_timeout_s(), 60.0);
+  EXPECT_EQ(job.comm().timeout_s(), 120.0);
+  // Repeated fields are never padded, and no oneof member is chosen for a layer.
+  ASSERT_EQ(job.model().layers_size(), 1);
+  EXPECT_FALSE(job.model().layers(0).has_relu());
+}
+
+TEST_F(ConfigTest, FormatConfigPrintsEveryFieldAndRoundTrips) {
+  config::Job job = LoadJobConfig(Write(kModel), {});
+  std::string text = FormatConfig(job);
+  for (const char* field :
+       {"out_features: 10", "train_images: \"/usr/share/datasets/fashion-mnist/", "train_limit: 0",
+        "test_limit: 0", "input_mean: 0", "input_std: 1", "batch_size: 16", "learning_rate: 0.05", "momentum: 0.5",
+        "weight_decay: 0", "epochs: 3", "seed: 1", "pipeline_width: 2", "max_steps: 0",
+        "progress_per_epoch: 4", "transport: TCP", "chunk_bytes: 1048576",
+        "start_timeout_s: 60", "timeout_s: 120"}) {
+    EXPECT_THAT(text, HasSubstr(field));
+  }
+  config::Job reparsed;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &reparsed));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(job, reparsed));
+
+  // An unfilled Job prints its defaults too.
+  config::Job empty;
+  EXPECT_THAT(FormatConfig(empty), AllOf(HasSubstr("timeout_s: 120"), HasSubstr("batch_size: 16")));
+}
+
+TEST_F(ConfigTest, MissingFileIsNotFound) {
+  std::string path = (dir_ / "no_such.pbtxt").string();
+  Error e = LoadError(path);
+  EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  EXPECT_THAT(e.what(), AllOf(HasSubstr(path), HasSubstr("No such file or directory")));
+}
+
+TEST_F(ConfigTest, UnknownFieldNamesFileLineColumnAndField) {
+  std::string path = Write(std::string(kModel) +
+                           "train {\n"
+                           "  pipeline_widht: 2\n"
+                           "}\n");
+  Error e = LoadError(path);
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), AllOf(HasSubstr(path + ":3:3: "), HasSubstr("pipeline_widht"),
+                              HasSubstr("pipesgd.config.Train"),
+                              HasSubstr("(fields: batch_size, learning_rate,")));
+}
+
+TEST_F(ConfigTest, TypeErrorNamesTheField) {
+  std::string path = Write(std::string(kModel) + "train { batch_size: \"abc\" }\n");
+  Error e = LoadError(path);
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  // Line 2, column 21: the value.
+  EXPECT_THAT(e.what(), AllOf(HasSubstr(path + ":2:21: train.batch_size: "),
+                              HasSubstr("Expected integer")));
+}
+
+TEST_F(ConfigTest, TypeErrorInsideARepeatedFieldIsIndexed) {
+  std::string path = Write(
+      "model {\n"
+      "  layers { linear { out_features: 10 } }\n"
+      "  layers { relu {} }\n"
+      "  layers { linear { out_features: 1.5 } }\n"
+      "}\n");
+  EXPECT_THAT(LoadError(path).what(),
+              HasSubstr(path + ":4:35: model.layers[2].linear.out_features: "));
+}
+
+TEST_F(ConfigTest, UnknownEnumValuePointsAtTheValue) {
+  std::string path = Write(std::string(kModel) + "comm { transport: UDP }\n");
+  Error e = LoadError(path);
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr(path + ":2:19: comm.transport: Unknown enumeration value of "
+                                         "\"UDP\""));
+}
+
+TEST_F(ConfigTest, SyntaxErrorHasLineAndColumn) {
+  std::string path = Write(std::string(kModel) + "train { batch_size: 1\n");
+  Error e = LoadError(path);
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr(path + ":3:1: "));
+}
+
+TEST_F(ConfigTest, SingularFieldTwiceIsRejected) {
+  EXPECT_THAT(InvalidMessage(std::string(kModel) + "train { epochs: 1 epochs: 2 }\n"),
+              HasSubstr("epochs"));
+}
+
+TEST_F(ConfigTest, PipelineWidthZeroNamesFileLineColumnAndField) {
+  std::string path = Write(std::string(kModel) +
+                           "train {\n"
+                           "  batch_size: 8\n"
+                           "  pipeline_width: 0\n"
+                           "}\n");
+  Error e = LoadError(path);
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_STREQ(e.what(),
+               (path + ":4:3: train.pipeline_width = 0: expected an integer in [1, 16]").c_str());
+}
+
+TEST_F(ConfigTest, BatchSizeZero) {
+  std::string path = Write(std::string(kModel) + "train { batch_size: 0 }\n");
+  EXPECT_STREQ(LoadError(path).what(),
+               (path + ":2:9: train.batch_size = 0: expected an integer >= 1").c_str());
+}
+
+TEST_F(ConfigTest, NegativeLearningRate) {
+  std::string path = Write(std::string(kModel) + "train { learning_rate: -0.1 }\n");
+  EXPECT_STREQ(LoadError(path).what(),
+               (path + ":2:9: train.learning_rate = -0.1: expected a finite number > 0").c_str());
+}
+
+TEST_F(ConfigTest, EveryViolationIsReported) {
+  std::string message = InvalidMessage(std::string(kModel) +
+                                       "train { batch_size: 0 epochs: 0 }\n"
+                                       "comm { chunk_bytes: 6 }\n");
+  EXPECT_THAT(message, AllOf(HasSubstr(":2:9: train.batch_size = 0"),
+                             HasSubstr(":2:23: train.epochs = 0"),
+                             HasSubstr(":3:8: comm.chunk_bytes = 6: expected a multiple of 4 in "
+                                       "[4, 1073741824]")));
+}
+
+TEST_F(ConfigTest, EmptyModelIsRejected) {
+  std::string path = Write("model {}\ntrain { epochs: 1 }\n");
+  EXPECT_STREQ(LoadError(path).what(),
+               (path + ":1:1: model.layers = []: expected at least one layer, the last one linear")
+                   .c_str());
+  // No model block at all: nothing in the file to point at.
+  std::string bare = Write("train { epochs: 1 }\n", "bare.pbtxt");
+  EXPECT_STREQ(LoadError(bare).what(),
+               (bare + ": model.layers = []: expected at least one layer, the last one linear")
+                   .c_str());
+}
+
+TEST_F(ConfigTest, LayerWithoutKindIsRejected) {
+  std::string path = Write(
+      "model {\n"
+      "  layers { linear { out_features: 10 } }\n"
+      "  layers { }\n"
+      "  layers { linear { out_features: 10 } }\n"
+      "}\n");
+  EXPECT_STREQ(LoadError(path).what(),
+               (path + ":3:3: model.layers[1] = {}: expected a layer kind (linear or relu)").c_str());
+}
+
+TEST_F(ConfigTest, ModelMustEndWithALinearLayer) {
+  std::string path = Write(
+      "model {\n"
+      "  layers { linear { out_features: 10 } }\n"
+      "  layers { relu {} }\n"
+      "}\n");
+  EXPECT_THAT(LoadError(path).what(),
+              AllOf(HasSubstr(path + ":3:3: model.layers[1] = "),
+                    HasSubstr("expected the last layer to be linear")));
+  EXPECT_THAT(InvalidMessage("model { layers { relu {} } }\n"),
+              HasSubstr("expected the last layer to be linear"));
+}
+
+TEST_F(ConfigTest, LinearWithoutOutFeaturesPointsAtTheLayer) {
+  std::string path = Write("model {\n  layers { linear { } }\n}\n");
+  EXPECT_STREQ(LoadError(path).what(),
+               (path + ":2:12: model.layers[0].linear.out_features is not set: expected an "
+                       "integer >= 1")
+                   .c_str());
+}
+
+// Ranges of the fields not covered above, one override each, both sides of each bound.
+struct RangeCase {
+  std::string override_;
+  bool valid;
+};
+
+class ConfigRangeTest : public ConfigTest, public ::testing::WithParamInterface<RangeCase> {};
+
+TEST_P(ConfigRangeTest, Checked) {
+  const RangeCase& c = GetParam();
+  std::string path = Write(kModel);
+  if (c.valid) {
+    EXPECT_NO_THROW(LoadJobConfig(path, {c.override_}));
+    return;
+  }
+  const std::string field = c.override_.substr(0, c.override_.find('='));
+  Error e = LoadError(path, {c.override_});
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), AllOf(HasSubstr("--set " + c.override_ + ": " + field + " = "),
+                              HasSubstr(": expected "), Not(HasSubstr(path))));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ranges, ConfigRangeTest,
+    ::testing::Values(
+        RangeCase{"train.batch_size=1", true}, RangeCase{"train.batch_size=-3", false},
+        RangeCase{"train.learning_rate=1e-6", true}, RangeCase{"train.learning_rate=0", false},
+        RangeCase{"train.learning_rate=nan", false}, RangeCase{"train.learning_rate=inf", false},
+        RangeCase{"train.learning_rate=1e300", false},  // inf as a float
+        RangeCase{"train.momentum=0", true}, RangeCase{"train.momentum=0.999", true},
+        RangeCase{"train.momentum=1", false}, RangeCase{"train.momentum=-0.1", false},
+        RangeCase{"train.momentum=nan", false}, RangeCase{"train.weight_decay=0.5", true},
+        RangeCase{"train.weight_decay=-1e-4", false}, RangeCase{"train.weight_decay=inf", false},
+        RangeCase{"train.epochs=1", true}, RangeCase{"train.epochs=0", false},
+        RangeCase{"train.pipeline_width=1", true}, RangeCase{"train.pipeline_width=16", true},
+        RangeCase{"train.pipeline_width=17", false}, RangeCase{"train.max_steps=0", true},
+        RangeCase{"train.max_steps=-1", false}, RangeCase{"train.progress_per_epoch=0", true},
+        RangeCase{"train.progress_per_epoch=1000", true},
+        RangeCase{"train.progress_per_epoch=1001", false},
+        RangeCase{"train.progress_per_epoch=-1", false},
+        RangeCase{"train.seed=18446744073709551615", true},
+        RangeCase{"data.train_limit=100", true}, RangeCase{"data.train_limit=-1", false},
+        RangeCase{"data.test_limit=-1", false}, RangeCase{"data.train_images=", false},
+        RangeCase{"data.test_labels=\"\"", false}, RangeCase{"comm.chunk_bytes=4", true},
+        RangeCase{"comm.chunk_bytes=1073741824", true}, RangeCase{"comm.chunk_bytes=0", false},
+        RangeCase{"comm.chunk_bytes=6", false}, RangeCase{"comm.chunk_bytes=1073741828", false},
+        RangeCase{"comm.start_timeout_s=0.5", true}, RangeCase{"comm.start_timeout_s=0", false},
+        RangeCase{"comm.timeout_s=-1", false}, RangeCase{"comm.timeout_s=inf", false},
+        RangeCase{"model.layers[0].linear.out_features=0", false}));
+
+TEST_F(ConfigTest, OverridesTakeEffect) {
+  config::Job job = LoadJobConfig(
+      kShipped, {
+                    "train.pipeline_width=1",
+                    "train.learning_rate=0.1",
+                    "train.batch_size=32",
+                    "train.batch_size=16",  // later overrides win
+                    "comm.transport=TCP",
+                    "comm.timeout_s=2.5",
+                    "data.train_images=/tmp/a b.gz",           // bare: verbatim
+                    "data.test_images=\"/tmp/quoted\\tx.gz\"",  // quoted: text-format escapes
+                    "model.layers[2].linear.out_features=64",
+                });
+  EXPECT_EQ(job.train().pipeline_width(), 1);
+  EXPECT_EQ(job.train().learning_rate(), 0.1f);
+  EXPECT_EQ(job.train().batch_size(), 16);
+  EXPECT_EQ(job.comm().transport(), config::TCP);
+  EXPECT_EQ(job.comm().timeout_s(), 2.5);
+  EXPECT_EQ(job.data().train_images(), "/tmp/a b.gz");
+  EXPECT_EQ(job.data().test_images(), "/tmp/quoted\tx.gz");
+  ASSERT_EQ(job.model().layers_size(), 5);
+  EXPECT_EQ(job.model().layers(0).linear().out_features(), 256);
+  EXPECT_EQ(job.model().layers(2).linear().out_features(), 64);
+  EXPECT_EQ(job.model().layers(4).linear().out_features(), 10);
+  // Untouched fields keep the file's values.
+  EXPECT_EQ(job.train().epochs(), 3);
+  EXPECT_EQ(job.comm().chunk_bytes(), 1048576);
+}
+
+TEST_F(ConfigTest, OverridesAppendAndReplaceRepeatedElements) {
+  config::Job job = LoadJobConfig(
+      kShipped, {
+                    // index == size appends a new layer
+                    "model.layers[5]={relu {}}",
+                    "model.layers[6].linear.out_features=7",
+                    // a message value replaces the element, it is not merged into it
+                    "model.layers[1]={ linear { out_features: 32 } }",
+                    // naming another oneof member switches the layer's kind
+                    "model.layers[3].linear.out_features=16",
+                });
+  ASSERT_EQ(job.model().layers_size(), 7);
+  EXPECT_EQ(job.model().layers(0).linear().out_features(), 256);
+  EXPECT_EQ(job.model().layers(1).linear().out_features(), 32);
+  EXPECT_FALSE(job.model().layers(1).has_relu());
+  EXPECT_EQ(job.model().layers(2).linear().out_features(), 128);
+  EXPECT_EQ(job.model().layers(3).linear().out_features(), 16);
+  EXPECT_FALSE(job.model().layers(3).has_relu());
+  EXPECT_EQ(job.model().layers(4).linear().out_features(), 10);
+  EXPECT_TRUE(job.model().layers(5).has_relu());
+  EXPECT_EQ(job.model().layers(6).linear().out_features(), 7);
+}
+
+TEST_F(ConfigTest, OverridesCreateMissingSections) {
+  config::Job job = LoadJobConfig(Write(""), {"model.layers[0].linear.out_features=3",
+                                             "train.max_steps=5"});
+  ASSERT_EQ(job.model().layers_size(), 1);
+  EXPECT_EQ(job.model().layers(0).linear().out_features(), 3);
+  EXPECT_EQ(job.train().max_steps(), 5);
+  EXPECT_EQ(job.train().batch_size(), 16);
+}
+
+TEST_F(ConfigTest, OverrideWithUnknownFieldListsTheFields) {
+  EXPECT_STREQ(LoadError(kShipped, {"train.pipeline_widht=1"}).what(),
+               "--set train.pipeline_widht=1: no field 'pipeline_widht' in pipesgd.config.Train "
+               "(fields: batch_size, learning_rate, momentum, weight_decay, epochs, seed, "
+               "pipeline_width, max_steps, progress_per_epoch)");
+  EXPECT_STREQ(LoadError(kShipped, {"trian.epochs=1"}).what(),
+               "--set trian.epochs=1: no field 'trian' in pipesgd.config.Job "
+               "(fields: model, data, train, comm)");
+}
+
+TEST_F(ConfigTest, OverrideOutOfRangeNamesTheOverride) {
+  Error e = LoadError(kShipped, {"train.pipeline_width=0"});
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_STREQ(e.what(),
+               "--set train.pipeline_width=0: train.pipeline_width = 0: expected an integer in "
+               "[1, 16]");
+  // A message-valued override is named for the fields inside it.
+  EXPECT_STREQ(LoadError(kShipped, {"train={batch_size: 0}"}).what(),
+               "--set train={batch_size: 0}: train.batch_size = 0: expected an integer >= 1");
+  // Turning the last layer into a ReLU.
+  EXPECT_THAT(LoadError(kShipped, {"model.layers[4].relu={}"}).what(),
+              AllOf(HasSubstr("--set model.layers[4].relu={}: model.layers[4] = "),
+                    HasSubstr("expected the last layer to be linear")));
+}
+
+TEST_F(ConfigTest, MalformedOverrides) {
+  struct Case {
+    std::string override_;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"train.batch_size", "--set train.batch_size: expected PATH=VALUE"},
+           {"train.batch_size=abc", "--set train.batch_size=abc: expected int32"},
+           {"train.batch_size=", "--set train.batch_size=: expected int32"},
+           {"train.batch_size=1 2", "--set train.batch_size=1 2: expected int32"},
+           {"train.batch_size=99999999999", "--set train.batch_size=99999999999: expected int32"},
+           {"train.momentum=fast", "--set train.momentum=fast: expected float"},
+           {"comm.timeout_s=soon", "--set comm.timeout_s=soon: expected double"},
+           {"comm.transport=UDP", "--set comm.transport=UDP: expected one of TCP"},
+           {"train.batch_size.x=1",
+            "--set train.batch_size.x=1: train.batch_size is int32, not a message: it has no "
+            "field 'x'"},
+           {"train=5", "--set train=5: expected a pipesgd.config.Train message in braces"},
+           {"model.layers.relu={}", "--set model.layers.relu={}: model.layers is repeated"},
+           {"model.layers[6].relu={}",
+            "--set model.layers[6].relu={}: index 6 out of range: model.layers has 5 element(s)"},
+           {"model.layers[x].relu={}", "--set model.layers[x].relu={}: bad index in 'layers[x]'"},
+           {"model.layers[1.relu={}", "--set model.layers[1.relu={}: bad index"},
+           {"model.layers[-1].relu={}", "--set model.layers[-1].relu={}: bad index"},
+           {"train[0].epochs=1", "--set train[0].epochs=1: train is not repeated"},
+           {"train..epochs=1", "--set train..epochs=1: empty field name"},
+           {"=1", "--set =1: empty field name"},
+       }) {
+    Error e = LoadError(kShipped, {c.override_});
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << c.override_;
+    EXPECT_THAT(e.what(), HasSubstr(c.message)) << c.override_;
+  }
+}
+
+TEST_F(ConfigTest, FailedOverrideLeavesNoHalfAddedElement) {
+  // The bad value is rejected before anything is appended; the error is the override's, not
+  // a missing layer kind.
+  EXPECT_THAT(LoadError(kShipped, {"model.layers[5]={linear {out_features: x}}"}).what(),
+              HasSubstr("--set model.layers[5]={linear {out_features: x}}: expected a "
+                        "pipesgd.config.Layer message"));
+}
+
+}  // namespace
+}  // namespace pipesgd::launcher

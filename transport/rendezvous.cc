@@ -1,0 +1,267 @@
+#include "transport/rendezvous.h"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "transport/asio.h"
+
+#include "core/base/error.h"
+#include "core/base/log.h"
+#include "transport/message_io.h"
+#include "transport/wire.pb.h"
+
+namespace pipesgd::transport {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+
+std::string What(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+// Rank 0's side: collect one hello per rank, then answer everyone at once.
+class Server {
+ public:
+  Server(const RendezvousOptions& options, const std::string& own_address)
+      : options_(options), acceptor_(io_), addresses_(options.world_size) {
+    addresses_[0] = own_address;
+    tcp::endpoint endpoint = ResolveEndpoint(options.master_addr, options.master_port);
+    error_code ec;
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      Throw(ErrorCode::kIo,
+            "rank 0: cannot listen for the rendezvous on {}:{}: {} (is another job using "
+            "MASTER_PORT {}?)",
+            options.master_addr, options.master_port, ec.message(), options.master_port);
+    }
+  }
+
+  std::vector<std::string> Run(Deadline deadline) {
+    Accept();
+    bool ok = RunUntil(io_, &done_, deadline);
+    error_code ignored;
+    acceptor_.close(ignored);
+    if (!ok) {
+      std::vector<int> missing;
+      for (int r = 1; r < options_.world_size; ++r) {
+        if (!addresses_[r]) missing.push_back(r);
+      }
+      std::string message = fmt::format(
+          "rank 0: rendezvous on {}:{} timed out: rank(s) {} never arrived (world size {}, {} "
+          "arrived)",
+          options_.master_addr, options_.master_port, fmt::join(missing, ", "),
+          options_.world_size, options_.world_size - missing.size());
+      Reject(message);
+      Throw(ErrorCode::kDeadlineExceeded, "{}", message);
+    }
+    if (!job_error_.empty()) Throw(ErrorCode::kInvalidArgument, "rank 0: {}", job_error_);
+    std::vector<std::string> result;
+    for (auto& a : addresses_) result.push_back(*a);
+    return result;
+  }
+
+ private:
+  struct Client {
+    std::shared_ptr<tcp::socket> socket;
+    std::string from;
+  };
+
+  void Accept() {
+    auto socket = std::make_shared<tcp::socket>(io_);
+    acceptor_.async_accept(*socket, [this, socket](const error_code& ec) {
+      if (ec || done_ || replying_) return;
+      Accept();
+      std::string from = "unknown peer";
+      error_code ignored;
+      auto remote = socket->remote_endpoint(ignored);
+      if (!ignored) from = fmt::format("{}:{}", remote.address().to_string(), remote.port());
+      auto hello = std::make_shared<wire::RendezvousHello>();
+      AsyncReadMessage(*socket, hello.get(), from,
+                       [this, socket, hello, from](std::exception_ptr error) {
+                         OnHello(socket, *hello, from, error);
+                       });
+    });
+  }
+
+  void OnHello(const std::shared_ptr<tcp::socket>& socket, const wire::RendezvousHello& hello,
+               const std::string& from, const std::exception_ptr& error) {
+    if (done_ || replying_) return;
+    if (error) {
+      // Not a pipesgd rank (a port scanner, a stray client): drop it, keep the job going.
+      PSGD_LOG_WARN("rank 0: rendezvous dropped a connection from {}: {}", from, What(error));
+      error_code ignored;
+      socket->close(ignored);
+      return;
+    }
+    const int n = options_.world_size;
+    std::string problem;
+    if (hello.protocol_version() != kProtocolVersion) {
+      problem = fmt::format("rank {} (from {}) speaks protocol version {}, rank 0 speaks {}",
+                            hello.rank(), from, hello.protocol_version(), kProtocolVersion);
+    } else if (hello.world_size() != n) {
+      problem = fmt::format("rank {} (from {}) was started with WORLD_SIZE={}, rank 0 with {}",
+                            hello.rank(), from, hello.world_size(), n);
+    } else if (hello.rank() < 1 || hello.rank() >= n) {
+      problem = fmt::format("a process (from {}) claims RANK={}, outside [0, {}) for world size {}{}",
+                            from, hello.rank(), n, n, hello.rank() == 0 ? " (rank 0 is this process)" : "");
+    } else if (addresses_[hello.rank()]) {
+      problem = fmt::format("rank {} joined twice (from {} and from {})", hello.rank(),
+                            clients_[hello.rank()].from, from);
+    }
+    if (!problem.empty()) {
+      clients_extra_.push_back({socket, from});
+      job_error_ = problem;
+      wire::RendezvousReply reply;
+      reply.set_error(problem);
+      Reply(reply);  // Run() throws job_error_ once everyone has been told
+      return;
+    }
+    addresses_[hello.rank()] = hello.address();
+    clients_[hello.rank()] = {socket, from};
+    if (static_cast<int>(clients_.size()) == n - 1) {
+      wire::RendezvousReply reply;
+      for (auto& a : addresses_) reply.add_addresses(*a);
+      Reply(reply);
+    }
+  }
+
+  // Sends `reply` to every connected rank; done_ once every write has finished.
+  void Reply(const wire::RendezvousReply& reply) {
+    replying_ = true;
+    error_code ignored;
+    acceptor_.close(ignored);
+    std::vector<Client> targets;
+    for (auto& [rank, client] : clients_) targets.push_back(client);
+    for (auto& client : clients_extra_) targets.push_back(client);
+    pending_writes_ = static_cast<int>(targets.size());
+    if (pending_writes_ == 0) done_ = true;
+    for (auto& client : targets) {
+      AsyncWriteMessage(*client.socket, reply, [this, client](std::exception_ptr error) {
+        if (error) {
+          PSGD_LOG_WARN("rank 0: could not send the rendezvous answer to {}: {}", client.from,
+                        What(error));
+        }
+        if (--pending_writes_ == 0) done_ = true;
+      });
+    }
+  }
+
+  // Tells every connected rank why the job cannot start (best effort, bounded by 2 s).
+  void Reject(const std::string& reason) {
+    wire::RendezvousReply reply;
+    reply.set_error(reason);
+    done_ = false;
+    Reply(reply);
+    RunUntil(io_, &done_, Deadline::After(2.0));
+    done_ = true;
+  }
+
+  RendezvousOptions options_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::vector<std::optional<std::string>> addresses_;
+  std::map<int, Client> clients_;
+  std::vector<Client> clients_extra_;  // rejected processes, told why
+  std::string job_error_;
+  bool done_ = false;
+  bool replying_ = false;
+  int pending_writes_ = 0;
+};
+
+std::vector<std::string> RunClient(const RendezvousOptions& options, const std::string& address,
+                                   Deadline deadline) {
+  tcp::endpoint master = ResolveEndpoint(options.master_addr, options.master_port);
+  const std::string where = fmt::format("rank 0 at {}:{}", options.master_addr, options.master_port);
+  asio::io_context io;
+  tcp::socket socket(io);
+  std::string last_error = "no answer";
+
+  // Connect, retrying while rank 0 is not listening yet.
+  while (true) {
+    if (deadline.expired()) {
+      Throw(ErrorCode::kDeadlineExceeded, "rank {}: rendezvous with {} timed out (last error: {})",
+            options.rank, where, last_error);
+    }
+    bool done = false;
+    error_code connect_ec;
+    socket = tcp::socket(io);
+    socket.async_connect(master, [&](const error_code& ec) {
+      connect_ec = ec;
+      done = true;
+    });
+    if (!RunUntil(io, &done, deadline)) {
+      error_code ignored;
+      socket.close(ignored);
+      io.poll();
+      continue;
+    }
+    if (!connect_ec) break;
+    last_error = connect_ec.message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+
+  wire::RendezvousHello hello;
+  hello.set_protocol_version(kProtocolVersion);
+  hello.set_rank(options.rank);
+  hello.set_world_size(options.world_size);
+  hello.set_address(address);
+  wire::RendezvousReply reply;
+  std::exception_ptr error;
+  bool done = false;
+  AsyncWriteMessage(socket, hello, [&](std::exception_ptr e) {
+    if (e) {
+      error = e;
+      done = true;
+      return;
+    }
+    AsyncReadMessage(socket, &reply, where, [&](std::exception_ptr e2) {
+      error = e2;
+      done = true;
+    });
+  });
+  if (!RunUntil(io, &done, deadline)) {
+    Throw(ErrorCode::kDeadlineExceeded,
+          "rank {}: rendezvous timed out waiting for {} to hear from all ranks", options.rank,
+          where);
+  }
+  if (error) {
+    Throw(ErrorCode::kUnavailable,
+          "rank {}: rendezvous with {} failed before an answer: {} (did rank 0 fail? see its "
+          "output)",
+          options.rank, where, What(error));
+  }
+  if (!reply.error().empty()) {
+    Throw(ErrorCode::kInvalidArgument, "rank {}: rendezvous rejected the job: {}", options.rank,
+          reply.error());
+  }
+  if (reply.addresses_size() != options.world_size) {
+    Throw(ErrorCode::kDataLoss, "rank {}: rendezvous answer lists {} addresses, expected {}",
+          options.rank, reply.addresses_size(), options.world_size);
+  }
+  return {reply.addresses().begin(), reply.addresses().end()};
+}
+
+}  // namespace
+
+std::vector<std::string> RendezvousAllGather(const RendezvousOptions& options,
+                                             const std::string& address, Deadline deadline) {
+  if (options.world_size == 1) return {address};
+  if (options.rank == 0) {
+    Server server(options, address);
+    return server.Run(deadline);
+  }
+  return RunClient(options, address, deadline);
+}
+
+}  // namespace pipesgd::transport

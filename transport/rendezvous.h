@@ -1,0 +1,37 @@
+// Rendezvous: how the ranks of a job find each other, torchrun-style. Rank 0 listens at
+// MASTER_ADDR:MASTER_PORT; every other rank dials it (retrying until the start-up deadline, so
+// processes may start in any order), sends a wire::RendezvousHello with its rank, world size
+// and transport address, and gets back every rank's address (wire::RendezvousReply).
+//
+// Rank 0 rejects, and fails the whole job with an error naming the culprit: a rank outside
+// [1, world_size), a rank that joins twice, a different world size, a different protocol
+// version. Connections that are not pipesgd peers (bad magic, oversized or unparsable frames)
+// are logged and dropped without disturbing the job. On timeout rank 0 names the ranks that
+// never arrived.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/base/deadline.h"
+
+namespace pipesgd::transport {
+
+struct RendezvousOptions {
+  std::string master_addr = "127.0.0.1";
+  uint16_t master_port = 29500;
+  int rank = 0;
+  int world_size = 1;
+};
+
+// Every rank calls this once with its own `address`; returns all ranks' addresses (index =
+// rank), identical on every rank. Blocks until all ranks have arrived or the deadline passes.
+// Throws Error: kDeadlineExceeded (rank 0: naming the missing ranks; others: naming the master),
+// kInvalidArgument (the job is misconfigured, e.g. a duplicate rank or a world size mismatch;
+// the message comes from rank 0 and names the rank), kIo (rank 0 cannot listen on the port),
+// kUnavailable (rank 0 went away mid-rendezvous).
+std::vector<std::string> RendezvousAllGather(const RendezvousOptions& options,
+                                             const std::string& address, Deadline deadline);
+
+}  // namespace pipesgd::transport

@@ -1,0 +1,432 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <map>
+#include <set>
+#include <vector>
+
+#include "transport/asio.h"
+
+#include "core/base/check.h"
+#include "core/base/error.h"
+#include "core/base/log.h"
+#include "transport/message_io.h"
+#include "transport/wire.pb.h"
+
+namespace pipesgd::transport::tcp {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+
+class TcpTransport;
+
+// FIFO of posted ops, linked through Op::next_ so posting never allocates.
+struct OpQueue {
+  Op* head = nullptr;
+  Op* tail = nullptr;
+  bool active = false;  // an asio operation for `head` is in flight
+
+  void Push(Op* op) {
+    op->next_ = nullptr;
+    if (tail) tail->next_ = op; else head = op;
+    tail = op;
+  }
+  Op* Pop() {
+    Op* op = head;
+    head = op->next_;
+    if (!head) tail = nullptr;
+    op->next_ = nullptr;
+    return op;
+  }
+};
+
+void Complete(Op* op, std::exception_ptr error) {
+  op->error = std::move(error);
+  op->done = true;
+}
+
+class TcpConnection final : public Connection {
+ public:
+  TcpConnection(TcpTransport& owner, tcp::socket socket, int self_rank, int peer_rank);
+  ~TcpConnection() override;
+
+  int peer_rank() const override { return peer_rank_; }
+  void PostSend(Op& op) override;
+  void PostRecv(Op& op) override;
+
+  // Fails every pending and future op with `error` and closes the socket.
+  void Fail(std::exception_ptr error);
+
+ private:
+  void StartSend();
+  void StartRecv();
+  void Drain(OpQueue& queue);
+  std::exception_ptr IoError(const char* direction, const error_code& ec, const Op& op,
+                             size_t bytes) const;
+
+  TcpTransport& owner_;
+  tcp::socket socket_;
+  int self_rank_;
+  int peer_rank_;
+  OpQueue send_;
+  OpQueue recv_;
+  std::exception_ptr failed_;
+};
+
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(const TcpOptions& options);
+  ~TcpTransport() override;
+
+  std::string name() const override { return "tcp"; }
+  int rank() const override { return options_.rank; }
+  std::string LocalAddress() const override { return address_; }
+  std::vector<std::unique_ptr<Connection>> Connect(
+      const std::vector<std::pair<int, std::string>>& peers, Deadline deadline) override;
+  void Wait(Op& op, Deadline deadline, const char* what,
+            const std::atomic<bool>* abort) override;
+  void Poll() override;
+  void Close() override;
+
+  asio::io_context& io() { return io_; }
+  void Register(TcpConnection* c) { live_.insert(c); }
+  void Unregister(TcpConnection* c) { live_.erase(c); }
+
+ private:
+  TcpOptions options_;
+  asio::io_context io_;
+  // Keeps run_one_until() blocking (instead of returning at once) when nothing is pending.
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  tcp::acceptor acceptor_;
+  std::string address_;
+  std::set<TcpConnection*> live_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// TcpConnection
+
+TcpConnection::TcpConnection(TcpTransport& owner, tcp::socket socket, int self_rank,
+                             int peer_rank)
+    : owner_(owner), socket_(std::move(socket)), self_rank_(self_rank), peer_rank_(peer_rank) {
+  owner_.Register(this);
+}
+
+TcpConnection::~TcpConnection() {
+  Fail(std::make_exception_ptr(Error(
+      ErrorCode::kAborted,
+      fmt::format("rank {}: connection to rank {} was closed locally", self_rank_, peer_rank_))));
+  // Handlers of the cancelled asio operations still reference `this`: run them now.
+  while (send_.active || recv_.active) {
+    if (owner_.io().stopped()) owner_.io().restart();
+    owner_.io().run_one_for(std::chrono::milliseconds(10));
+  }
+  owner_.Unregister(this);
+}
+
+std::exception_ptr TcpConnection::IoError(const char* direction, const error_code& ec,
+                                          const Op& op, size_t bytes) const {
+  std::string cause = ec == asio::error::eof ? fmt::format("rank {} closed the connection", peer_rank_)
+                                             : ec.message();
+  return std::make_exception_ptr(Error(
+      ErrorCode::kUnavailable,
+      fmt::format("rank {}: {} rank {} failed after {} of {} bytes: {}", self_rank_, direction,
+                  peer_rank_, bytes, op.total_bytes(), cause)));
+}
+
+void TcpConnection::Fail(std::exception_ptr error) {
+  if (!failed_) {
+    failed_ = std::move(error);
+    error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+  // Ops behind an in-flight asio operation are drained by its (cancelled) handler.
+  if (!send_.active) Drain(send_);
+  if (!recv_.active) Drain(recv_);
+}
+
+void TcpConnection::Drain(OpQueue& queue) {
+  while (queue.head) Complete(queue.Pop(), failed_);
+}
+
+void TcpConnection::PostSend(Op& op) {
+  op.done = false;
+  op.bytes_done = 0;
+  op.error = nullptr;
+  send_.Push(&op);
+  StartSend();
+}
+
+void TcpConnection::PostRecv(Op& op) {
+  op.done = false;
+  op.bytes_done = 0;
+  op.error = nullptr;
+  recv_.Push(&op);
+  StartRecv();
+}
+
+void TcpConnection::StartSend() {
+  if (send_.active || !send_.head) return;
+  if (failed_) return Drain(send_);
+  Op* op = send_.head;
+  // Unused parts stay zero-length, which asio skips; a fixed array avoids any allocation.
+  std::array<asio::const_buffer, Op::kMaxParts> buffers{};
+  for (int i = 0; i < op->num_parts; ++i) {
+    buffers[i] = asio::const_buffer(op->parts[i].data, op->parts[i].bytes);
+  }
+  send_.active = true;
+  asio::async_write(socket_, buffers,
+                    [this](const error_code& ec, size_t bytes) {
+                      send_.active = false;
+                      Op* done = send_.Pop();
+                      done->bytes_done = bytes;
+                      if (ec) {
+                        auto error = failed_ ? failed_ : IoError("send to", ec, *done, bytes);
+                        Complete(done, error);
+                        Fail(error);
+                        return;
+                      }
+                      Complete(done, nullptr);
+                      StartSend();
+                    });
+}
+
+void TcpConnection::StartRecv() {
+  if (recv_.active || !recv_.head) return;
+  if (failed_) return Drain(recv_);
+  Op* op = recv_.head;
+  std::array<asio::mutable_buffer, Op::kMaxParts> buffers{};
+  for (int i = 0; i < op->num_parts; ++i) {
+    buffers[i] = asio::mutable_buffer(op->parts[i].data, op->parts[i].bytes);
+  }
+  recv_.active = true;
+  asio::async_read(socket_, buffers,
+                   [this](const error_code& ec, size_t bytes) {
+                     recv_.active = false;
+                     Op* done = recv_.Pop();
+                     done->bytes_done = bytes;
+                     if (ec) {
+                       auto error = failed_ ? failed_ : IoError("receive from", ec, *done, bytes);
+                       Complete(done, error);
+                       Fail(error);
+                       return;
+                     }
+                     Complete(done, nullptr);
+                     StartRecv();
+                   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// TcpTransport
+
+TcpTransport::TcpTransport(const TcpOptions& options)
+    : options_(options), work_(asio::make_work_guard(io_)), acceptor_(io_) {
+  error_code ec;
+  auto address = asio::ip::make_address(options.bind_host, ec);
+  if (ec) {
+    Throw(ErrorCode::kInvalidArgument, "rank {}: bind address '{}' is not a numeric IP: {}",
+          options.rank, options.bind_host, ec.message());
+  }
+  tcp::endpoint endpoint(address, 0);
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    Throw(ErrorCode::kIo, "rank {}: cannot listen on {}: {}", options.rank, options.bind_host,
+          ec.message());
+  }
+  wire::TcpAddress published;
+  published.set_host(options.bind_host);
+  published.set_port(acceptor_.local_endpoint().port());
+  address_ = published.SerializeAsString();
+  PSGD_LOG_DEBUG("rank {}: tcp transport listening on {}:{}", options.rank, options.bind_host,
+                 published.port());
+}
+
+TcpTransport::~TcpTransport() {
+  PSGD_CHECK(live_.empty());  // connections must be destroyed before their transport
+}
+
+void TcpTransport::Poll() {
+  if (io_.stopped()) io_.restart();
+  io_.poll();
+}
+
+void TcpTransport::Close() {
+  auto error = std::make_exception_ptr(Error(
+      ErrorCode::kAborted, fmt::format("rank {}: transport closed", options_.rank)));
+  for (TcpConnection* c : std::vector<TcpConnection*>(live_.begin(), live_.end())) c->Fail(error);
+}
+
+void TcpTransport::Wait(Op& op, Deadline deadline, const char* what,
+                        const std::atomic<bool>* abort) {
+  while (!op.done) {
+    if (abort && abort->load(std::memory_order_relaxed)) {
+      Close();
+      Throw(ErrorCode::kAborted, "rank {}: {}: aborted", options_.rank, what);
+    }
+    if (deadline.expired()) {
+      Close();
+      Throw(ErrorCode::kDeadlineExceeded,
+            "rank {}: timed out waiting for {} ({} bytes): the peer is stalled or gone",
+            options_.rank, what, op.total_bytes());
+    }
+    if (io_.stopped()) io_.restart();
+    io_.run_one_until(
+        std::min(deadline.when(), Deadline::Clock::now() + std::chrono::milliseconds(50)));
+  }
+  if (op.error) std::rethrow_exception(op.error);
+}
+
+// Connection set-up state shared by the asio handlers (which may outlive a failed Connect call).
+struct ConnectState {
+  int rank = 0;
+  int world_size = 0;
+  std::map<int, tcp::socket> established;
+  std::set<int> expect_accept;
+  std::map<int, std::string> dial_errors;
+  std::exception_ptr fatal;
+  bool done = false;
+  size_t wanted = 0;
+  void Check() { done = fatal || established.size() == wanted; }
+};
+
+std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
+    const std::vector<std::pair<int, std::string>>& peers, Deadline deadline) {
+  auto state = std::make_shared<ConnectState>();
+  state->rank = options_.rank;
+  state->world_size = options_.world_size;
+  state->wanted = peers.size();
+  std::map<int, tcp::endpoint> dial;
+  for (const auto& [peer, address] : peers) {
+    PSGD_CHECK_NE(peer, options_.rank);
+    if (peer < options_.rank) {
+      state->expect_accept.insert(peer);
+      continue;
+    }
+    wire::TcpAddress parsed;
+    if (!parsed.ParseFromString(address) || parsed.port() == 0 || parsed.port() > 65535) {
+      Throw(ErrorCode::kDataLoss, "rank {}: the address rank {} published is not a TCP address",
+            options_.rank, peer);
+    }
+    error_code ec;
+    auto ip = asio::ip::make_address(parsed.host(), ec);
+    if (ec) {
+      Throw(ErrorCode::kDataLoss, "rank {}: rank {} published host '{}', not a numeric IP",
+            options_.rank, peer, parsed.host());
+    }
+    dial[peer] = tcp::endpoint(ip, static_cast<uint16_t>(parsed.port()));
+  }
+
+  // Accept side: the hello names the dialing rank; anything else is logged and dropped.
+  std::function<void()> accept_next;
+  accept_next = [this, state, &accept_next]() {
+    auto socket = std::make_shared<tcp::socket>(io_);
+    acceptor_.async_accept(*socket, [this, state, socket, accept_next](const error_code& ec) {
+      if (ec || state->done) return;
+      accept_next();
+      std::string from = "unknown";
+      error_code ignored;
+      auto remote = socket->remote_endpoint(ignored);
+      if (!ignored) from = fmt::format("{}:{}", remote.address().to_string(), remote.port());
+      auto hello = std::make_shared<wire::ConnectionHello>();
+      AsyncReadMessage(*socket, hello.get(), from, [state, socket, hello, from](std::exception_ptr error) {
+        std::string reason;
+        if (error) {
+          try { std::rethrow_exception(error); } catch (const std::exception& e) { reason = e.what(); }
+        } else if (hello->protocol_version() != kProtocolVersion) {
+          reason = fmt::format("protocol version {} (ours is {})", hello->protocol_version(), kProtocolVersion);
+        } else if (hello->world_size() != state->world_size) {
+          reason = fmt::format("rank {} has world size {}, ours is {}", hello->rank(), hello->world_size(), state->world_size);
+        } else if (!state->expect_accept.count(hello->rank()) || state->established.count(hello->rank())) {
+          reason = fmt::format("unexpected rank {}", hello->rank());
+        }
+        if (!reason.empty()) {
+          PSGD_LOG_WARN("rank {}: rejected a data connection from {}: {}", state->rank, from, reason);
+          error_code ignored2;
+          socket->close(ignored2);
+          return;
+        }
+        state->established.emplace(hello->rank(), std::move(*socket));
+        state->Check();
+      });
+    });
+  };
+  if (!state->expect_accept.empty()) accept_next();
+
+  // Dial side: retry refused connections until the deadline (the peer may not listen yet).
+  std::function<void(int, tcp::endpoint)> dial_one;
+  dial_one = [this, state, &dial_one](int peer, tcp::endpoint endpoint) {
+    auto socket = std::make_shared<tcp::socket>(io_);
+    socket->async_connect(endpoint, [this, state, socket, peer, endpoint, dial_one](const error_code& ec) {
+      if (state->done) return;
+      if (ec) {
+        state->dial_errors[peer] = ec.message();
+        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+        timer->async_wait([timer, peer, endpoint, dial_one, state](const error_code& tec) {
+          if (!tec && !state->done) dial_one(peer, endpoint);
+        });
+        return;
+      }
+      error_code ignored;
+      socket->set_option(tcp::no_delay(true), ignored);
+      wire::ConnectionHello hello;
+      hello.set_protocol_version(kProtocolVersion);
+      hello.set_rank(state->rank);
+      hello.set_world_size(state->world_size);
+      AsyncWriteMessage(*socket, hello, [state, socket, peer](std::exception_ptr error) {
+        if (error) {
+          state->fatal = error;
+        } else {
+          state->established.emplace(peer, std::move(*socket));
+        }
+        state->Check();
+      });
+    });
+  };
+  for (const auto& [peer, endpoint] : dial) dial_one(peer, endpoint);
+
+  state->Check();
+  bool ok = RunUntil(io_, &state->done, deadline);
+  state->done = true;  // stops retries and late accepts
+  error_code ignored;
+  acceptor_.cancel(ignored);
+  io_.poll();
+
+  if (state->fatal) std::rethrow_exception(state->fatal);
+  if (!ok) {
+    std::vector<std::string> missing;
+    for (const auto& [peer, address] : peers) {
+      if (state->established.count(peer)) continue;
+      if (peer < options_.rank) {
+        missing.push_back(fmt::format("rank {} never connected", peer));
+      } else {
+        auto it = state->dial_errors.find(peer);
+        missing.push_back(fmt::format("rank {} at {}:{} not reachable ({})", peer,
+                                      dial[peer].address().to_string(), dial[peer].port(),
+                                      it == state->dial_errors.end() ? "no answer" : it->second));
+      }
+    }
+    Throw(ErrorCode::kDeadlineExceeded, "rank {}: connecting to peers timed out: {}",
+          options_.rank, fmt::join(missing, "; "));
+  }
+
+  std::vector<std::unique_ptr<Connection>> connections;
+  for (const auto& [peer, address] : peers) {
+    tcp::socket& socket = state->established.at(peer);
+    error_code ec;
+    socket.set_option(tcp::no_delay(true), ec);
+    connections.push_back(
+        std::make_unique<TcpConnection>(*this, std::move(socket), options_.rank, peer));
+  }
+  return connections;
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> CreateTcpTransport(const TcpOptions& options) {
+  return std::make_unique<TcpTransport>(options);
+}
+
+}  // namespace pipesgd::transport::tcp
