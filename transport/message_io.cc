@@ -104,6 +104,13 @@ bool RunUntil(asio::io_context& io, const bool* done, Deadline deadline) {
   return true;
 }
 
+std::string RemoteName(const tcp::socket& socket) {
+  boost::system::error_code ec;
+  auto remote = socket.remote_endpoint(ec);
+  if (ec) return "unknown peer";
+  return fmt::format("{}:{}", remote.address().to_string(), remote.port());
+}
+
 tcp::endpoint ResolveEndpoint(const std::string& host, uint16_t port) {
   asio::io_context io;
   tcp::resolver resolver(io);

@@ -44,6 +44,9 @@ bool RunUntil(boost::asio::io_context& io, const bool* done, Deadline deadline);
 // does not resolve, kUnavailable if there is no route.
 std::string LocalIpToward(const std::string& host, uint16_t port);
 
+// "ip:port" of the socket's peer, or "unknown peer" if it is already gone.
+std::string RemoteName(const boost::asio::ip::tcp::socket& socket);
+
 // Resolves host (name or numeric, IPv4 preferred) to one endpoint. Throws Error
 // kInvalidArgument naming the host and the resolver's message.
 boost::asio::ip::tcp::endpoint ResolveEndpoint(const std::string& host, uint16_t port);

@@ -82,10 +82,7 @@ class Server {
     acceptor_.async_accept(*socket, [this, socket](const error_code& ec) {
       if (ec || done_ || replying_) return;
       Accept();
-      std::string from = "unknown peer";
-      error_code ignored;
-      auto remote = socket->remote_endpoint(ignored);
-      if (!ignored) from = fmt::format("{}:{}", remote.address().to_string(), remote.port());
+      const std::string from = RemoteName(*socket);
       auto hello = std::make_shared<wire::RendezvousHello>();
       AsyncReadMessage(*socket, hello.get(), from,
                        [this, socket, hello, from](std::exception_ptr error) {

@@ -1,6 +1,7 @@
 #include "transport/tcp/tcp_transport.h"
 
 #include <map>
+#include <type_traits>
 #include <set>
 #include <vector>
 
@@ -59,8 +60,8 @@ class TcpConnection final : public Connection {
   void Fail(std::exception_ptr error);
 
  private:
-  void StartSend();
-  void StartRecv();
+  template <bool kSend>
+  void Start();
   void Drain(OpQueue& queue);
   std::exception_ptr IoError(const char* direction, const error_code& ec, const Op& op,
                              size_t bytes) const;
@@ -155,7 +156,7 @@ void TcpConnection::PostSend(Op& op) {
   op.bytes_done = 0;
   op.error = nullptr;
   send_.Push(&op);
-  StartSend();
+  Start<true>();
 }
 
 void TcpConnection::PostRecv(Op& op) {
@@ -163,58 +164,40 @@ void TcpConnection::PostRecv(Op& op) {
   op.bytes_done = 0;
   op.error = nullptr;
   recv_.Push(&op);
-  StartRecv();
+  Start<false>();
 }
 
-void TcpConnection::StartSend() {
-  if (send_.active || !send_.head) return;
-  if (failed_) return Drain(send_);
-  Op* op = send_.head;
+// One in-flight asio operation per direction; its handler completes the head op and starts the
+// next, so ops complete in posting order. Send and receive differ only in the asio call.
+template <bool kSend>
+void TcpConnection::Start() {
+  OpQueue& queue = kSend ? send_ : recv_;
+  if (queue.active || !queue.head) return;
+  if (failed_) return Drain(queue);
+  Op* op = queue.head;
+  using Buffer = std::conditional_t<kSend, asio::const_buffer, asio::mutable_buffer>;
   // Unused parts stay zero-length, which asio skips; a fixed array avoids any allocation.
-  std::array<asio::const_buffer, Op::kMaxParts> buffers{};
-  for (int i = 0; i < op->num_parts; ++i) {
-    buffers[i] = asio::const_buffer(op->parts[i].data, op->parts[i].bytes);
+  std::array<Buffer, Op::kMaxParts> buffers{};
+  for (int i = 0; i < op->num_parts; ++i) buffers[i] = Buffer(op->parts[i].data, op->parts[i].bytes);
+  queue.active = true;
+  auto handler = [this, &queue](const error_code& ec, size_t bytes) {
+    queue.active = false;
+    Op* done = queue.Pop();
+    done->bytes_done = bytes;
+    if (ec) {
+      auto error = failed_ ? failed_ : IoError(kSend ? "send to" : "receive from", ec, *done, bytes);
+      Complete(done, error);
+      Fail(error);
+      return;
+    }
+    Complete(done, nullptr);
+    Start<kSend>();
+  };
+  if constexpr (kSend) {
+    asio::async_write(socket_, buffers, std::move(handler));
+  } else {
+    asio::async_read(socket_, buffers, std::move(handler));
   }
-  send_.active = true;
-  asio::async_write(socket_, buffers,
-                    [this](const error_code& ec, size_t bytes) {
-                      send_.active = false;
-                      Op* done = send_.Pop();
-                      done->bytes_done = bytes;
-                      if (ec) {
-                        auto error = failed_ ? failed_ : IoError("send to", ec, *done, bytes);
-                        Complete(done, error);
-                        Fail(error);
-                        return;
-                      }
-                      Complete(done, nullptr);
-                      StartSend();
-                    });
-}
-
-void TcpConnection::StartRecv() {
-  if (recv_.active || !recv_.head) return;
-  if (failed_) return Drain(recv_);
-  Op* op = recv_.head;
-  std::array<asio::mutable_buffer, Op::kMaxParts> buffers{};
-  for (int i = 0; i < op->num_parts; ++i) {
-    buffers[i] = asio::mutable_buffer(op->parts[i].data, op->parts[i].bytes);
-  }
-  recv_.active = true;
-  asio::async_read(socket_, buffers,
-                   [this](const error_code& ec, size_t bytes) {
-                     recv_.active = false;
-                     Op* done = recv_.Pop();
-                     done->bytes_done = bytes;
-                     if (ec) {
-                       auto error = failed_ ? failed_ : IoError("receive from", ec, *done, bytes);
-                       Complete(done, error);
-                       Fail(error);
-                       return;
-                     }
-                     Complete(done, nullptr);
-                     StartRecv();
-                   });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -326,10 +309,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
     acceptor_.async_accept(*socket, [this, state, socket, accept_next](const error_code& ec) {
       if (ec || state->done) return;
       accept_next();
-      std::string from = "unknown";
-      error_code ignored;
-      auto remote = socket->remote_endpoint(ignored);
-      if (!ignored) from = fmt::format("{}:{}", remote.address().to_string(), remote.port());
+      const std::string from = RemoteName(*socket);
       auto hello = std::make_shared<wire::ConnectionHello>();
       AsyncReadMessage(*socket, hello.get(), from, [state, socket, hello, from](std::exception_ptr error) {
         std::string reason;

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The README's second command (and what CI runs): installs the Debian packages if missing, builds
+# pipesgd with its tests, and runs the whole suite with ctest: every tier this machine allows
+# (unit, multiproc; cluster and gpu tiers skip themselves with a message where they cannot run).
+# Extra arguments go to ctest, e.g.  scripts/test.sh -L unit
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install_deps.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build --parallel "$(nproc)"
+ctest --test-dir build --output-on-failure --parallel "$(nproc)" "$@"
