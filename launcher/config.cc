@@ -549,7 +549,7 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Train>(Train::kPipelineWidthFieldNumber), IntRange{1, 16}},
       {Field<Train>(Train::kMaxStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<Train>(Train::kProgressPerEpochFieldNumber), IntRange{0, 1000}},
-      {Field<Comm>(Comm::kChunkBytesFieldNumber), IntRange{4, int64_t{1} << 30, 4}},
+      {Field<Comm>(Comm::kChunkBytesFieldNumber), IntRange{1024, int64_t{1} << 30, 4}},
       {Field<Comm>(Comm::kStartTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
       {Field<Comm>(Comm::kTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
       // seed: any uint64; transport: the parser admits only declared enum values.
@@ -784,12 +784,14 @@ config::Job LoadJobConfig(const std::string& path, const std::vector<std::string
   return job;
 }
 
-std::string FormatConfig(const config::Job& job) {
+std::string FormatConfig(const config::Job& job, bool single_line) {
   // Fill a copy so that any Job prints every value it would run with.
   config::Job filled = job;
   FillDefaults(&filled);
   std::string out;
-  if (!TextFormat::PrintToString(filled, &out)) {
+  TextFormat::Printer printer;
+  printer.SetSingleLineMode(single_line);
+  if (!printer.PrintToString(filled, &out)) {
     Throw(ErrorCode::kInternal, "cannot print the job configuration as text");
   }
   return out;

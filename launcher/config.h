@@ -27,7 +27,7 @@ namespace pipesgd::launcher {
 config::Job LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides);
 
 // The effective configuration as protobuf text, every field present (defaults included), for
-// printing at start and for summary.json.
-std::string FormatConfig(const config::Job& job);
+// printing at start and for comparing ranks. `single_line` prints it on one line.
+std::string FormatConfig(const config::Job& job, bool single_line = false);
 
 }  // namespace pipesgd::launcher

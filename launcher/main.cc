@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
       "pipesgd: data-parallel training with pipelined SGD (Pipe-SGD) over a ring AllReduce.\n"
       "Quick start: pipesgd run -np 4 configs/fashion_mnist_mlp.pbtxt"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "pipesgd 0.1.0");
+  app.set_version_flag("--version", "pipesgd " PIPESGD_VERSION);
 
   pipesgd::launcher::RunArgs run;
   auto* run_cmd = app.add_subcommand(
@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   run_cmd->add_option("--set", run.overrides, kSetHelp)->allow_extra_args(false);
   run_cmd->add_option("--out", run.out_dir,
-                      "Directory for metrics.jsonl (one line per epoch) and summary.json");
+                      "Directory for metrics.jsonl (one line per epoch) and summary.json")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   run_cmd->add_option("--master-addr", run.master_addr,
                       "Address rank 0 listens on for the rendezvous")
       ->capture_default_str();
@@ -67,13 +68,23 @@ int main(int argc, char** argv) {
       ->required();
   worker_cmd->add_option("--set", worker.overrides, kSetHelp)->allow_extra_args(false);
   worker_cmd->add_option("--out", worker.out_dir,
-                         "Directory for metrics.jsonl and summary.json (written by rank 0)");
+                         "Directory for metrics.jsonl and summary.json (written by rank 0)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   worker_cmd->add_flag("-v,--verbose", worker.verbose, "Debug logging");
 
+  app.footer("Exit status: 0 on success, 1 on an error (printed as 'error: ...'), 2 on a usage "
+             "error; `run` exits with the failing worker's status.");
+  // CLI11 reports an unknown subcommand as "a subcommand is required"; say what was wrong.
+  if (args.size() > 1 && args[1][0] != '-' && args[1] != "run" && args[1] != "worker") {
+    std::fprintf(stderr, "error: unknown subcommand '%s' (expected 'run' or 'worker'; see "
+                         "pipesgd --help)\n", args[1].c_str());
+    return 2;
+  }
   try {
     app.parse(static_cast<int>(cargs.size()), cargs.data());
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;  // --help and --version exit 0; usage errors 2
   }
 
   try {
@@ -87,6 +98,10 @@ int main(int argc, char** argv) {
   } catch (const pipesgd::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: out of memory\n");
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);

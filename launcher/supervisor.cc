@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,20 +32,40 @@ void OnSignal(int sig) {
   [[maybe_unused]] ssize_t ignored = write(g_signal_pipe[1], &s, 1);
 }
 
-uint16_t PickFreePort(const std::string& addr) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+// Reserves a free port for the rendezvous: a socket bound with SO_REUSEADDR but not listening.
+// While it stays open the kernel hands the port to no outgoing connection, yet rank 0 can still
+// bind and listen on it (also with SO_REUSEADDR). Closing a probe socket instead would leave a
+// window in which any connection on the machine could take the port.
+struct ReservedPort {
+  int fd = -1;
+  uint16_t port = 0;
+  ~ReservedPort() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+void ReservePort(const std::string& addr, ReservedPort* reserved) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = 0;
-  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
+    Throw(ErrorCode::kInvalidArgument,
+          "--master-addr {}: expected a numeric IPv4 address of this machine when no "
+          "--master-port is given",
+          addr);
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    const int err = errno;
     if (fd >= 0) close(fd);
-    Throw(ErrorCode::kIo, "cannot find a free port on {}: {}", addr, std::strerror(errno));
+    Throw(ErrorCode::kIo, "cannot reserve a port on {}: {}", addr, std::strerror(err));
   }
   socklen_t len = sizeof(sa);
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  close(fd);
-  return ntohs(sa.sin_port);
+  reserved->fd = fd;
+  reserved->port = ntohs(sa.sin_port);
 }
 
 std::string SelfExe() {
@@ -80,7 +101,8 @@ struct Worker {
 };
 
 // Prefixes complete lines of `data` with the rank and writes them to `fd`; keeps the remainder.
-void Forward(int rank, std::string& partial, const char* data, size_t n, int fd, bool flush_all) {
+// Returns false if `fd` is closed (e.g. `pipesgd run ... | head`).
+bool Forward(int rank, std::string& partial, const char* data, size_t n, int fd, bool flush_all) {
   partial.append(data, n);
   size_t start = 0;
   std::string out;
@@ -99,9 +121,11 @@ void Forward(int rank, std::string& partial, const char* data, size_t n, int fd,
   size_t done = 0;
   while (done < out.size()) {
     ssize_t w = write(fd, out.data() + done, out.size() - done);
-    if (w <= 0) break;
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
     done += static_cast<size_t>(w);
   }
+  return true;
 }
 
 pid_t SpawnWorker(const std::string& exe, const RunArgs& args, int rank, uint16_t port,
@@ -123,9 +147,14 @@ pid_t SpawnWorker(const std::string& exe, const RunArgs& args, int rank, uint16_
   const std::string world_s = std::to_string(args.num_processes);
   const std::string port_s = std::to_string(port);
 
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) Throw(ErrorCode::kIo, "cannot start rank {}: fork: {}", rank, std::strerror(errno));
   if (pid == 0) {
+    // If the launcher dies without stopping us (kill -9, a closed terminal), stop too; the
+    // getppid() check closes the race with a launcher that died before prctl.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
     dup2(out_fd, STDOUT_FILENO);
     dup2(err_fd, STDERR_FILENO);
     setenv("RANK", rank_s.c_str(), 1);
@@ -137,6 +166,8 @@ pid_t SpawnWorker(const std::string& exe, const RunArgs& args, int rank, uint16_
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
     execv(exe.c_str(), cargv.data());
     fprintf(stderr, "cannot exec %s: %s\n", exe.c_str(), strerror(errno));
     _exit(127);
@@ -153,16 +184,27 @@ int RunLocal(const RunArgs& args) {
   }
   // Check the config once here, so a mistake is reported once and not by every worker.
   LoadJobConfig(args.config_path, args.overrides);
-  if (!args.out_dir.empty()) std::filesystem::create_directories(args.out_dir);
+  if (!args.out_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(args.out_dir, ec);
+    if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", args.out_dir, ec.message());
+  }
 
   const std::string exe = SelfExe();
-  const uint16_t port = args.master_port > 0 ? static_cast<uint16_t>(args.master_port)
-                                             : PickFreePort(args.master_addr);
+  ReservedPort reserved;  // held until every worker has exited
+  uint16_t port = static_cast<uint16_t>(args.master_port);
+  if (port == 0) {
+    ReservePort(args.master_addr, &reserved);
+    port = reserved.port;
+  }
   if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) Throw(ErrorCode::kIo, "pipe: {}", std::strerror(errno));
   struct sigaction sa{};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  // A closed stdout shows up as a failed write, handled below, not as a silent death.
+  signal(SIGPIPE, SIG_IGN);
 
   std::vector<Worker> workers(args.num_processes);
   for (int r = 0; r < args.num_processes; ++r) {
@@ -236,7 +278,7 @@ int RunLocal(const RunArgs& args) {
       if (read(g_signal_pipe[0], &sig, 1) == 1) {
         PSGD_LOG_WARN("pipesgd run: got signal {} ({}); stopping all workers", sig, strsignal(sig));
         if (!first_failure) first_failure = {-1, (128 + sig) << 8};
-        stop_all("interrupted");
+        stop_all(fmt::format("interrupted by signal {} ({})", sig, strsignal(sig)));
       }
     }
     for (size_t i = 1; i < fds.size(); ++i) {
@@ -249,25 +291,31 @@ int RunLocal(const RunArgs& args) {
         ssize_t n = read(fds[i].fd, buf, sizeof(buf));
         std::string& partial = is_out ? w.out_partial : w.err_partial;
         const int sink = is_out ? STDOUT_FILENO : STDERR_FILENO;
+        bool written = true;
         if (n > 0) {
-          Forward(w.rank, partial, buf, static_cast<size_t>(n), sink, false);
+          written = Forward(w.rank, partial, buf, static_cast<size_t>(n), sink, false);
         } else {
-          Forward(w.rank, partial, buf, 0, sink, true);
+          written = Forward(w.rank, partial, buf, 0, sink, true);
           close(fds[i].fd);
           (is_out ? w.out_fd : w.err_fd) = -1;
+        }
+        if (!written && !stop_reason) {
+          if (!first_failure) first_failure = {-1, (128 + SIGPIPE) << 8};
+          stop_all(is_out ? "stdout closed" : "stderr closed");
         }
       }
     }
   }
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
+  signal(SIGHUP, SIG_DFL);
   close(g_signal_pipe[0]);
   close(g_signal_pipe[1]);
 
   if (first_failure) {
     const auto [rank, status] = *first_failure;
     if (rank < 0) {
-      PSGD_LOG_ERROR("pipesgd run: interrupted; all workers stopped");
+      PSGD_LOG_ERROR("pipesgd run: {}; all workers stopped", *stop_reason);
       return ExitCodeOf(status);
     }
     PSGD_LOG_ERROR("pipesgd run: failed: rank {} {}", rank, DescribeStatus(status));

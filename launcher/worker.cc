@@ -3,6 +3,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -58,6 +64,27 @@ std::unique_ptr<layers::Model> BuildModel(const config::Model& spec, size_t in_f
   return std::make_unique<layers::Model>(std::move(stack), max_batch);
 }
 
+// Refuses a model whose buffers (parameters, momentum, one gradient per pipeline slot) cannot
+// fit in this machine's memory, before allocating any of it.
+void CheckModelFitsInMemory(const config::Model& spec, size_t in_features, int width) {
+  double params = 0;
+  double fan_in = static_cast<double>(in_features);
+  for (const auto& layer : spec.layers()) {
+    if (!layer.has_linear()) continue;
+    const double out = layer.linear().out_features();
+    params += fan_in * out + out;
+    fan_in = out;
+  }
+  const double bytes = params * sizeof(float) * (width + 2);
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  if (bytes > memory) {
+    Throw(ErrorCode::kInvalidArgument,
+          "the model has {:.0f} parameters: its parameters, momentum and {} gradient buffers need "
+          "{:.1f} GiB, more than this machine's {:.1f} GiB of memory",
+          params, width, bytes / (1 << 30), memory / (1 << 30));
+  }
+}
+
 int NumClasses(const config::Model& spec) {
   for (int i = spec.layers_size() - 1; i >= 0; --i) {
     if (spec.layers(i).has_linear()) return spec.layers(i).linear().out_features();
@@ -74,18 +101,86 @@ nlohmann::json ConfigAsJson(const config::Job& job) {
   return nlohmann::json::parse(text);
 }
 
+// Writes to a temporary file, then renames it over `path`, so a reader never sees half a file.
 void WriteFileAtomically(const std::filesystem::path& path, const std::string& contents) {
   auto tmp = path;
   tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << contents;
-    if (!out) Throw(ErrorCode::kIo, "cannot write {}", tmp.string());
+  std::FILE* out = std::fopen(tmp.c_str(), "w");
+  bool ok = out && std::fwrite(contents.data(), 1, contents.size(), out) == contents.size();
+  const int err = errno;
+  if (out && std::fclose(out) != 0) ok = false;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    Throw(ErrorCode::kIo, "cannot write {}: {}", tmp.string(), std::strerror(err));
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    Throw(ErrorCode::kIo, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
+  }
 }
 
+// The output directory of a job, locked so that two jobs cannot interleave their files, with
+// metrics.jsonl appended and flushed line by line so a crash keeps every finished epoch.
+class OutputDir {
+ public:
+  explicit OutputDir(const std::string& dir) : dir_(dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", dir, ec.message());
+    const auto lock_path = dir_ / ".pipesgd.lock";
+    lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd_ < 0) {
+      Throw(ErrorCode::kIo, "--out {}: cannot write in the directory: {}", dir, std::strerror(errno));
+    }
+    if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      Throw(ErrorCode::kIo, "--out {}: another pipesgd job is writing to this directory; use "
+                            "another --out",
+            dir);
+    }
+    const auto metrics = dir_ / "metrics.jsonl";
+    metrics_ = std::fopen(metrics.c_str(), "w");
+    if (!metrics_) {
+      Throw(ErrorCode::kIo, "cannot write {}: {}", metrics.string(), std::strerror(errno));
+    }
+  }
+  ~OutputDir() {
+    if (metrics_) std::fclose(metrics_);
+    if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock
+  }
+  OutputDir(const OutputDir&) = delete;
+  OutputDir& operator=(const OutputDir&) = delete;
+
+  void AppendMetrics(const nlohmann::json& line) {
+    const std::string text = line.dump() + "\n";
+    if (std::fwrite(text.data(), 1, text.size(), metrics_) != text.size() ||
+        std::fflush(metrics_) != 0) {
+      Throw(ErrorCode::kIo, "cannot write {}: {}", (dir_ / "metrics.jsonl").string(),
+            std::strerror(errno));
+    }
+  }
+  void WriteSummary(const nlohmann::json& summary) {
+    WriteFileAtomically(dir_ / "summary.json", summary.dump(2) + "\n");
+  }
+
+ private:
+  std::filesystem::path dir_;
+  int lock_fd_ = -1;
+  std::FILE* metrics_ = nullptr;
+};
+
 }  // namespace
+
+std::string JobDescription(const config::Job& job) {
+  config::Job copy = job;
+  // FormatConfig puts back the schema defaults, the same on every rank.
+  copy.mutable_data()->clear_train_images();
+  copy.mutable_data()->clear_train_labels();
+  copy.mutable_data()->clear_test_images();
+  copy.mutable_data()->clear_test_labels();
+  return "pipesgd " PIPESGD_VERSION "\n" + FormatConfig(copy);
+}
 
 JobEnv ReadJobEnv() {
   JobEnv env;
@@ -122,17 +217,23 @@ void RunWorker(const WorkerArgs& args) {
   if (lead) {
     PSGD_LOG_INFO("pipesgd worker: world size {}, pipeline width {} ({}), transport tcp",
                   env.world_size, width, width == 1 ? "synchronous SGD" : "Pipe-SGD");
-    PSGD_LOG_INFO("effective config ({}):\n{}", args.config_path, FormatConfig(job));
+    PSGD_LOG_INFO("effective config ({}): {}", args.config_path, FormatConfig(job, true));
   }
 
   // Data and model. Every rank loads the same files and initialises the same parameters from
   // the seed, so no broadcast is needed.
+  // Rank 0 claims the output directory before anything slow, so a bad --out fails at once.
+  std::unique_ptr<OutputDir> out;
+  if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir);
+
   const int num_classes = NumClasses(job.model());
   const auto& data_cfg = job.data();
   data::Dataset train_set = data::LoadDataset(data_cfg.train_images(), data_cfg.train_labels(),
                                               num_classes, data_cfg.train_limit());
   data::Dataset test_set = data::LoadDataset(data_cfg.test_images(), data_cfg.test_labels(),
                                              num_classes, data_cfg.test_limit());
+  data::CheckSameShape(train_set, data_cfg.train_images(), test_set, data_cfg.test_images());
+  CheckModelFitsInMemory(job.model(), train_set.features, width);
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
   auto model = BuildModel(job.model(), train_set.features, std::max<size_t>(batch, 500));
   std::vector<float> params(model->num_params());
@@ -142,9 +243,10 @@ void RunWorker(const WorkerArgs& args) {
   const size_t steps_per_epoch = task.steps_per_epoch();
   if (steps_per_epoch == 0) {
     Throw(ErrorCode::kInvalidArgument,
-          "{}: the training set has {} samples, fewer than one global batch (batch_size {} x "
-          "world size {})",
-          args.config_path, train_set.count, batch, env.world_size);
+          "train.batch_size = {} x world size {} = {} samples per step, but the training set "
+          "({}) has only {} samples",
+          batch, env.world_size, batch * env.world_size, data_cfg.train_images(),
+          train_set.count);
   }
   if (lead) {
     PSGD_LOG_INFO("model: {}", model->Describe());
@@ -162,12 +264,21 @@ void RunWorker(const WorkerArgs& args) {
                       ? "127.0.0.1"
                       : transport::LocalIpToward(env.master_addr, env.master_port);
   auto transport = transport::tcp::CreateTcpTransport(tcp);
-  transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, env.world_size};
-  auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), start_deadline);
-  collective::CommunicatorOptions comm_options;
-  comm_options.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
-  auto comm = collective::Communicator::Create(std::move(transport), env.world_size, addresses,
-                                               comm_options, start_deadline);
+  transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, env.world_size,
+                                   JobDescription(job)};
+  std::unique_ptr<collective::Communicator> comm;
+  try {
+    auto addresses =
+        transport::RendezvousAllGather(rdv, transport->LocalAddress(), start_deadline);
+    collective::CommunicatorOptions comm_options;
+    comm_options.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
+    comm = collective::Communicator::Create(std::move(transport), env.world_size, addresses,
+                                            comm_options, start_deadline);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+    throw Error(e.code(), fmt::format("{} (comm.start_timeout_s = {} s)", e.what(),
+                                      comm_cfg.start_timeout_s()));
+  }
   if (lead) PSGD_LOG_INFO("ring connected: {} ranks over tcp", env.world_size);
 
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
@@ -175,12 +286,6 @@ void RunWorker(const WorkerArgs& args) {
                           params.size());
   train::Trainer trainer(*comm, task, sgd, params, {width, comm_cfg.timeout_s()});
 
-  std::ofstream metrics;
-  if (lead && !args.out_dir.empty()) {
-    std::filesystem::create_directories(args.out_dir);
-    metrics.open(std::filesystem::path(args.out_dir) / "metrics.jsonl", std::ios::trunc);
-    if (!metrics) Throw(ErrorCode::kIo, "cannot write {}/metrics.jsonl", args.out_dir);
-  }
 
   const int epochs = train_cfg.epochs();
   const int64_t max_steps = train_cfg.max_steps() > 0
@@ -197,8 +302,10 @@ void RunWorker(const WorkerArgs& args) {
       for (int64_t t = first; t < last; ++t) {
         trainer.Step();
         const int64_t done = t + 1 - first;
-        if (lead && progress > 0 && done < last - first &&
-            done % std::max<int64_t>(1, steps_per_epoch / (progress + 1)) == 0) {
+        const int64_t total = last - first;
+        // `progress` lines, evenly spaced, none at the very end (the epoch line follows).
+        if (lead && progress > 0 && done < total &&
+            done * (progress + 1) / total != (done - 1) * (progress + 1) / total) {
           const float loss = trainer.StepLoss(trainer.applied() - 1);
           PSGD_LOG_INFO("epoch {}/{} step {}/{}: loss {:.4f}, {:.0f} samples/s", epoch + 1,
                         epochs, done, last - first, loss,
@@ -228,18 +335,25 @@ void RunWorker(const WorkerArgs& args) {
         PSGD_LOG_INFO("epoch {}/{}: train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.4f}  "
                       "{:.0f} samples/s  wall {:.1f} s",
                       epoch + 1, epochs, train_loss, test_loss, accuracy, samples_per_s, wall_s);
-        if (metrics.is_open()) {
-          nlohmann::json line = {{"epoch", epoch + 1},
-                                 {"steps", last},
-                                 {"train_loss", train_loss},
-                                 {"test_loss", test_loss},
-                                 {"test_accuracy", accuracy},
-                                 {"samples_per_s", samples_per_s},
-                                 {"wall_s", wall_s}};
-          metrics << line.dump() << "\n" << std::flush;
+        if (out) {
+          out->AppendMetrics({{"epoch", epoch + 1},
+                              {"steps", last},
+                              {"train_loss", train_loss},
+                              {"test_loss", test_loss},
+                              {"test_accuracy", accuracy},
+                              {"samples_per_s", samples_per_s},
+                              {"wall_s", wall_s}});
         }
       }
     }
+  } catch (const Error& e) {
+    try {
+      trainer.Drain(false);
+    } catch (...) {
+    }
+    if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+    throw Error(e.code(),
+                fmt::format("{} (comm.timeout_s = {} s)", e.what(), comm_cfg.timeout_s()));
   } catch (...) {
     // Let in-flight collectives finish on every rank before the trainer goes away, so this
     // rank's failure does not turn into a confusing connection error on its peers.
@@ -254,7 +368,7 @@ void RunWorker(const WorkerArgs& args) {
   if (lead) {
     PSGD_LOG_INFO("final test accuracy: {:.4f} ({} steps, {:.1f} s)", final_accuracy,
                   trainer.steps(), wall_s);
-    if (!args.out_dir.empty()) {
+    if (out) {
       nlohmann::json summary = {{"final_test_accuracy", final_accuracy},
                                 {"wall_s", wall_s},
                                 {"train_wall_s", Seconds(train_start)},
@@ -263,8 +377,7 @@ void RunWorker(const WorkerArgs& args) {
                                 {"pipeline_width", width},
                                 {"transport", "tcp"},
                                 {"config", ConfigAsJson(job)}};
-      WriteFileAtomically(std::filesystem::path(args.out_dir) / "summary.json",
-                          summary.dump(2) + "\n");
+      out->WriteSummary(summary);
     }
   }
 }

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "configs/pipesgd.pb.h"
+
 namespace pipesgd::launcher {
 
 struct WorkerArgs {
@@ -23,6 +25,10 @@ struct JobEnv {
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 29500;
 };
+
+// What every rank of a job must agree on, compared at rendezvous: the program version and the
+// effective config, except the data paths (they may differ from machine to machine).
+std::string JobDescription(const config::Job& job);
 
 // Reads and checks the variables. Throws Error kInvalidArgument naming the variable, its value
 // and what was expected.

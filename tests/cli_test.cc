@@ -3,7 +3,9 @@
 // worker dies.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -197,6 +199,79 @@ TEST(BadInput, EveryRankReportsDataErrorsThroughRun) {
   EXPECT_NE(r.err.find("failed: rank"), std::string::npos) << r.out << r.err;
 }
 
+// Regression: a 10x10 test set with a 28x28 training set used to crash a worker (SIGSEGV).
+TEST(BadInput, TestImagesOfAnotherShape) {
+  TempDir dir;
+  std::string images(16 + 10 * 100, '\x7f');
+  const unsigned char header[16] = {0, 0, 8, 3, 0, 0, 0, 10, 0, 0, 0, 10, 0, 0, 0, 10};
+  images.replace(0, 16, reinterpret_cast<const char*>(header), 16);
+  std::string labels = Gunzip(kData + "t10k-labels-idx1-ubyte.gz").substr(0, 8 + 10);
+  labels[4] = labels[5] = labels[6] = 0;
+  labels[7] = 10;
+  auto ipath = dir.File("images", images);
+  auto lpath = dir.File("labels", labels);
+  ExpectError(Worker({"data.test_images=" + ipath, "data.test_labels=" + lpath}),
+              {ipath, "10x10", "28x28"});
+}
+
+TEST(BadInput, HugeModelIsRefusedBeforeAllocating) {
+  ExpectError(Worker({"model.layers[4].linear.out_features=2000000000"}),
+              {"parameters", "GiB", "more than this machine's"});
+}
+
+TEST(BadInput, OutputDirectoryInUseByAnotherJob) {
+  TempDir dir;
+  fs::create_directories(dir.path("out"));
+  int fd = open(dir.path("out/.pipesgd.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+  ExpectError(RunCommand({kBinary, "worker", kConfig, "--set", "train.max_steps=5", "--out",
+                          dir.path("out")}),
+              {"another pipesgd job is writing to this directory"});
+  close(fd);
+}
+
+TEST(BadInput, OutputPathIsAFile) {
+  TempDir dir;
+  auto file = dir.File("afile", "x");
+  ExpectError(RunCommand({kBinary, "run", "-np", "2", kConfig, "--out", file}),
+              {"--out " + file, "cannot create the directory"});
+}
+
+// Ranks started by hand with different settings must not train different models silently.
+TEST(BadInput, WorkersWithDifferentConfigsAreRejectedAtRendezvous) {
+  const std::string port = std::to_string(20000 + getpid() % 10000);
+  auto start = [&](int rank, const std::string& width, const std::string& out) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      freopen(out.c_str(), "w", stderr);
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("WORLD_SIZE", "2", 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", port.c_str(), 1);
+      execl(kBinary.c_str(), kBinary.c_str(), "worker", kConfig.c_str(), "--set",
+            ("train.pipeline_width=" + width).c_str(), "--set", "comm.start_timeout_s=20",
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  };
+  TempDir dir;
+  pid_t r0 = start(0, "2", dir.path("err0"));
+  pid_t r1 = start(1, "1", dir.path("err1"));
+  for (auto [pid, file] : {std::pair{r0, dir.path("err0")}, std::pair{r1, dir.path("err1")}}) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+    std::ifstream f(file);
+    std::string err((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(err.find("rank 1 (from 127.0.0.1:"), std::string::npos) << err;
+    EXPECT_NE(err.find("different job than rank 0: in train: rank 1 has `pipeline_width: 1`, "
+                       "rank 0 has `pipeline_width: 2`"),
+              std::string::npos)
+        << err;
+  }
+}
+
 // --- supervision ---------------------------------------------------------------------------
 
 std::vector<pid_t> Children(pid_t parent) {
@@ -271,6 +346,55 @@ TEST(Supervisor, KilledWorkerStopsTheJobAndIsNamed) {
       << errors;
   // Every worker is gone (reaped by the launcher).
   for (pid_t w : workers) EXPECT_NE(kill(w, 0), 0) << "worker " << w << " still exists";
+}
+
+// Regression: workers used to outlive a launcher killed with SIGKILL.
+TEST(Supervisor, WorkersStopWhenTheLauncherDies) {
+  pid_t run = fork();
+  if (run == 0) {
+    freopen("/dev/null", "w", stdout);
+    execl(kBinary.c_str(), kBinary.c_str(), "run", "-np", "2", kConfig.c_str(), "--set",
+          "train.epochs=100", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 300 && workers.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    workers = Children(run);
+  }
+  ASSERT_EQ(workers.size(), 2u);
+  kill(run, SIGKILL);
+  waitpid(run, nullptr, 0);
+  // Orphans are re-parented to init, which reaps them: poll until their /proc entries go.
+  for (pid_t w : workers) {
+    bool gone = false;
+    for (int i = 0; i < 100 && !gone; ++i) {
+      gone = !fs::exists("/proc/" + std::to_string(w));
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!gone) kill(w, SIGKILL);
+    EXPECT_TRUE(gone) << "worker " << w << " outlived its launcher by 10 s";
+  }
+}
+
+TEST(Cli, ProgressLinesPerEpochAsConfigured) {
+  auto r = RunCommand({kBinary, "worker", kConfig, "--set", "data.train_limit=1600", "--set",
+                       "train.epochs=1", "--set", "train.progress_per_epoch=4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  size_t lines = 0;
+  for (size_t at = r.out.find("epoch 1/1 step"); at != std::string::npos;
+       at = r.out.find("epoch 1/1 step", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 4u) << r.out;
+}
+
+TEST(Cli, UnknownSubcommandIsAUsageError) {
+  auto r = RunCommand({kBinary, "bogus"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unknown subcommand 'bogus'"), std::string::npos) << r.err;
+  r = RunCommand({kBinary, "run", "-np", "0", kConfig});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
 }
 
 TEST(Cli, HelpListsSubcommands) {

@@ -240,11 +240,11 @@ TEST_F(ConfigTest, NegativeLearningRate) {
 TEST_F(ConfigTest, EveryViolationIsReported) {
   std::string message = InvalidMessage(std::string(kModel) +
                                        "train { batch_size: 0 epochs: 0 }\n"
-                                       "comm { chunk_bytes: 6 }\n");
+                                       "comm { chunk_bytes: 1026 }\n");
   EXPECT_THAT(message, AllOf(HasSubstr(":2:9: train.batch_size = 0"),
                              HasSubstr(":2:23: train.epochs = 0"),
-                             HasSubstr(":3:8: comm.chunk_bytes = 6: expected a multiple of 4 in "
-                                       "[4, 1073741824]")));
+                             HasSubstr(":3:8: comm.chunk_bytes = 1026: expected a multiple of 4 in "
+                                       "[1024, 1073741824]")));
 }
 
 TEST_F(ConfigTest, EmptyModelIsRejected) {
@@ -334,7 +334,7 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"train.seed=18446744073709551615", true},
         RangeCase{"data.train_limit=100", true}, RangeCase{"data.train_limit=-1", false},
         RangeCase{"data.test_limit=-1", false}, RangeCase{"data.train_images=", false},
-        RangeCase{"data.test_labels=\"\"", false}, RangeCase{"comm.chunk_bytes=4", true},
+        RangeCase{"data.test_labels=\"\"", false}, RangeCase{"comm.chunk_bytes=1024", true}, RangeCase{"comm.chunk_bytes=1020", false}, RangeCase{"comm.chunk_bytes=4", false},
         RangeCase{"comm.chunk_bytes=1073741824", true}, RangeCase{"comm.chunk_bytes=0", false},
         RangeCase{"comm.chunk_bytes=6", false}, RangeCase{"comm.chunk_bytes=1073741828", false},
         RangeCase{"comm.start_timeout_s=0.5", true}, RangeCase{"comm.start_timeout_s=0", false},

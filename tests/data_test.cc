@@ -647,3 +647,33 @@ TEST(Sampler, CacheFollowsTheEpoch) {
 
 }  // namespace
 }  // namespace pipesgd::data
+
+namespace pipesgd::data {
+namespace {
+
+// Regression: a 10x10 test set with a 28x28 training set used to be read out of bounds.
+TEST(CheckSameShape, RejectsTestImagesOfAnotherShape) {
+  Dataset train, test;
+  train.rows = train.cols = 28;
+  train.features = 784;
+  test.rows = test.cols = 10;
+  test.features = 100;
+  try {
+    CheckSameShape(train, "train.idx", test, "test.idx");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDataLoss);
+    EXPECT_STREQ(e.what(), "test.idx has 10x10 images but train.idx has 28x28: a model trained "
+                           "on one cannot be evaluated on the other");
+  }
+  // Same pixel count, other shape: still rejected.
+  test.rows = 14;
+  test.cols = 56;
+  test.features = 784;
+  EXPECT_THROW(CheckSameShape(train, "train.idx", test, "test.idx"), Error);
+  test.rows = test.cols = 28;
+  EXPECT_NO_THROW(CheckSameShape(train, "train.idx", test, "test.idx"));
+}
+
+}  // namespace
+}  // namespace pipesgd::data

@@ -112,6 +112,10 @@ class Server {
     } else if (hello.rank() < 1 || hello.rank() >= n) {
       problem = fmt::format("a process (from {}) claims RANK={}, outside [0, {}) for world size {}{}",
                             from, hello.rank(), n, n, hello.rank() == 0 ? " (rank 0 is this process)" : "");
+    } else if (hello.job() != options_.job) {
+      problem = fmt::format("rank {} (from {}) was started with a different job than rank 0: {}",
+                            hello.rank(), from,
+                            DescribeJobDifference(hello.job(), hello.rank(), options_.job, 0));
     } else if (addresses_[hello.rank()]) {
       problem = fmt::format("rank {} joined twice (from {} and from {})", hello.rank(),
                             clients_[hello.rank()].from, from);
@@ -213,6 +217,7 @@ std::vector<std::string> RunClient(const RendezvousOptions& options, const std::
   hello.set_rank(options.rank);
   hello.set_world_size(options.world_size);
   hello.set_address(address);
+  hello.set_job(options.job);
   wire::RendezvousReply reply;
   std::exception_ptr error;
   bool done = false;
@@ -249,7 +254,49 @@ std::vector<std::string> RunClient(const RendezvousOptions& options, const std::
   return {reply.addresses().begin(), reply.addresses().end()};
 }
 
+std::vector<std::string> SplitLines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t nl = text.find('\n', start);
+    if (nl == std::string::npos) nl = text.size();
+    lines.push_back(text.substr(start, nl - start));
+    start = nl + 1;
+  }
+  return lines;
+}
+
+size_t Indent(const std::string& line) { return line.find_first_not_of(' '); }
+
 }  // namespace
+
+std::string DescribeJobDifference(const std::string& theirs, int their_rank,
+                                  const std::string& ours, int our_rank) {
+  const auto a = SplitLines(theirs);
+  const auto b = SplitLines(ours);
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  auto trimmed = [](const std::vector<std::string>& lines, size_t i) -> std::string {
+    if (i >= lines.size()) return "(nothing)";
+    auto start = lines[i].find_first_not_of(' ');
+    return start == std::string::npos ? "" : lines[i].substr(start);
+  };
+  // Enclosing sections: walk back for lines that open a block at a smaller indentation.
+  std::vector<std::string> context;
+  const std::vector<std::string>& lines = i < b.size() ? b : a;
+  size_t depth = i < lines.size() ? Indent(lines[i]) : 0;
+  for (size_t j = std::min(i, lines.size()); j-- > 0 && depth != std::string::npos && depth > 0;) {
+    const std::string& line = lines[j];
+    size_t indent = Indent(line);
+    if (indent != std::string::npos && indent < depth && !line.empty() && line.back() == '{') {
+      context.insert(context.begin(), line.substr(indent, line.size() - indent - 2));
+      depth = indent;
+    }
+  }
+  return fmt::format("in {}: rank {} has `{}`, rank {} has `{}`",
+                     context.empty() ? "line " + std::to_string(i + 1) : fmt::format("{}", fmt::join(context, ".")),
+                     their_rank, trimmed(a, i), our_rank, trimmed(b, i));
+}
 
 std::vector<std::string> RendezvousAllGather(const RendezvousOptions& options,
                                              const std::string& address, Deadline deadline) {

@@ -5,7 +5,7 @@
 //
 // Rank 0 rejects, and fails the whole job with an error naming the culprit: a rank outside
 // [1, world_size), a rank that joins twice, a different world size, a different protocol
-// version. Connections that are not pipesgd peers (bad magic, oversized or unparsable frames)
+// version, a different job description (RendezvousOptions::job). Connections that are not pipesgd peers (bad magic, oversized or unparsable frames)
 // are logged and dropped without disturbing the job. On timeout rank 0 names the ranks that
 // never arrived.
 #pragma once
@@ -23,7 +23,15 @@ struct RendezvousOptions {
   uint16_t master_port = 29500;
   int rank = 0;
   int world_size = 1;
+  // Must be identical on every rank (opaque text, compared byte for byte, e.g. the effective
+  // config); a rank whose description differs is rejected with the first differing line of each.
+  std::string job;
 };
+
+// The first line where `theirs` differs from `ours`, with its enclosing "section {" lines, as
+// "<context>: rank A has `...`, rank B has `...`". For error messages.
+std::string DescribeJobDifference(const std::string& theirs, int their_rank,
+                                  const std::string& ours, int our_rank);
 
 // Every rank calls this once with its own `address`; returns all ranks' addresses (index =
 // rank), identical on every rank. Blocks until all ranks have arrived or the deadline passes.

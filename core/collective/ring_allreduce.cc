@@ -63,6 +63,9 @@ std::unique_ptr<Communicator> Communicator::Create(
   comm->connections_ = comm->transport_->Connect(peers, deadline);
   comm->left_ = comm->connections_[0].get();
   comm->right_ = comm->connections_.back().get();
+  comm->wait_header_ = fmt::format("a chunk header from rank {} (left neighbour)", left);
+  comm->wait_payload_ = fmt::format("a chunk from rank {} (left neighbour)", left);
+  comm->wait_send_ = fmt::format("a chunk send to rank {} (right neighbour)", right);
   return comm;
 }
 
@@ -177,7 +180,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
       const uint64_t index = recv_base[k] + c;
       const Range range = plan.Chunk(b, c);
       const uint64_t bytes = range.count * sizeof(float);
-      wait(header_ops[index % 2], "a chunk header from the left neighbour");
+      wait(header_ops[index % 2], wait_header_.c_str());
       CheckHeader(headers[index % 2], seq, op, data.size(), index, bytes);
 
       float* target = scratch_.data();
@@ -185,7 +188,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
         // All-gather writes the final values in place; the reduce-scatter send that last read
         // this chunk (step k-(N-1)) must be off our hands first. By causality it already is.
         target = data.data() + range.offset;
-        wait(send_slots_[send_base[k - (n - 1)] + c].op, "a chunk send to the right neighbour");
+        wait(send_slots_[send_base[k - (n - 1)] + c].op, wait_send_.c_str());
       }
       payload_op.Set(target, bytes);
       left_->PostRecv(payload_op);
@@ -193,7 +196,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
         header_ops[(index + 1) % 2].Set(&headers[(index + 1) % 2], sizeof(ChunkHeader));
         left_->PostRecv(header_ops[(index + 1) % 2]);
       }
-      wait(payload_op, "a chunk from the left neighbour");
+      wait(payload_op, wait_payload_.c_str());
 
       if (reduce_scatter) {
         float* dst = data.data() + range.offset;
@@ -208,7 +211,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
     }
   }
   for (uint64_t i = 0; i < total_sends; ++i) {
-    wait(send_slots_[i].op, "a chunk send to the right neighbour");
+    wait(send_slots_[i].op, wait_send_.c_str());
   }
 }
 

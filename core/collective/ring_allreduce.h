@@ -136,6 +136,10 @@ class Communicator {
   int world_size_ = 1;
   CommunicatorOptions options_;
   uint64_t seq_ = 0;
+  // What each wait is for, naming the neighbour, for timeout messages.
+  std::string wait_header_;
+  std::string wait_payload_;
+  std::string wait_send_;
   // Reused across calls so that steady-state AllReduces do not allocate.
   std::vector<SendSlot> send_slots_;
   std::vector<float> scratch_;

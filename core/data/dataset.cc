@@ -23,6 +23,8 @@ Dataset LoadDataset(const std::string& images_path, const std::string& labels_pa
           images.count, labels_path, labels.size());
   }
   Dataset out;
+  out.rows = images.rows;
+  out.cols = images.cols;
   out.features = images.rows * images.cols;
   out.count = (limit > 0) ? std::min(limit, images.count) : images.count;
   out.num_classes = num_classes;
@@ -33,6 +35,16 @@ Dataset LoadDataset(const std::string& images_path, const std::string& labels_pa
   out.labels.resize(out.count);
   out.labels.shrink_to_fit();
   return out;
+}
+
+void CheckSameShape(const Dataset& train, const std::string& train_path, const Dataset& test,
+                    const std::string& test_path) {
+  if (train.rows != test.rows || train.cols != test.cols) {
+    Throw(ErrorCode::kDataLoss,
+          "{} has {}x{} images but {} has {}x{}: a model trained on one cannot be evaluated on "
+          "the other",
+          test_path, test.rows, test.cols, train_path, train.rows, train.cols);
+  }
 }
 
 void GatherBatch(const Dataset& dataset, std::span<const uint32_t> indices, float* x,

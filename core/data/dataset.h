@@ -25,6 +25,8 @@ namespace pipesgd::data {
 
 struct Dataset {
   size_t count = 0;
+  size_t rows = 0;
+  size_t cols = 0;
   size_t features = 0;          // rows * cols
   std::vector<uint8_t> pixels;  // (count, features)
   std::vector<uint8_t> labels;  // (count)
@@ -44,6 +46,11 @@ struct InputScaling {
   float mean = 0.0f;
   float std = 1.0f;  // > 0
 };
+
+// Checks that `test` can be fed to a model trained on `train`: same image shape (rows x cols)
+// and same number of classes. Throws Error kDataLoss naming both files and both shapes.
+void CheckSameShape(const Dataset& train, const std::string& train_path, const Dataset& test,
+                    const std::string& test_path);
 
 // Copies samples `indices` into x (n, features), scaled as above, and labels (n).
 void GatherBatch(const Dataset& dataset, std::span<const uint32_t> indices, float* x,

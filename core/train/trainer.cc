@@ -124,8 +124,8 @@ void Trainer::Finish(int64_t s, bool apply) {
   // every slot (so no peer is left inside a collective), whatever the values.
   if (apply && !std::isfinite(loss)) {
     Throw(ErrorCode::kNumerical,
-          "rank {}: step {}: the loss averaged over ranks is {}: training diverged (try a smaller "
-          "train.learning_rate); stopping without applying this update",
+          "rank {}: step {}: the loss averaged over ranks is {}: training diverged (try a lower "
+          "learning rate or momentum); stopping without applying this update",
           comm_.rank(), s, loss);
   }
   if (apply) {
