@@ -27,7 +27,12 @@ std::string What(const std::exception_ptr& error) {
   }
 }
 
-// Rank 0's side: collect one hello per rank, then answer everyone at once.
+// How long rank 0 keeps telling late arrivals why the job failed, after it has decided so.
+constexpr double kFailureGraceS = 3.0;
+
+// Rank 0's side: collect one hello per rank, then answer everyone at once. If the job cannot
+// start, rank 0 keeps the port open for kFailureGraceS and answers every connection, early or
+// late, with the reason, so that no rank is left to wait out its own deadline.
 class Server {
  public:
   Server(const RendezvousOptions& options, const std::string& own_address)
@@ -49,23 +54,21 @@ class Server {
 
   std::vector<std::string> Run(Deadline deadline) {
     Accept();
-    bool ok = RunUntil(io_, &done_, deadline);
-    error_code ignored;
-    acceptor_.close(ignored);
-    if (!ok) {
+    if (!RunUntil(io_, &done_, deadline)) {
       std::vector<int> missing;
       for (int r = 1; r < options_.world_size; ++r) {
         if (!addresses_[r]) missing.push_back(r);
       }
-      std::string message = fmt::format(
-          "rank 0: rendezvous on {}:{} timed out: rank(s) {} never arrived (world size {}, {} "
-          "arrived)",
-          options_.master_addr, options_.master_port, fmt::join(missing, ", "),
-          options_.world_size, options_.world_size - missing.size());
-      Reject(message);
-      Throw(ErrorCode::kDeadlineExceeded, "{}", message);
+      Fail(ErrorCode::kDeadlineExceeded,
+           fmt::format("rendezvous on {}:{} timed out: rank(s) {} never arrived (world size {}, "
+                       "{} arrived)",
+                       options_.master_addr, options_.master_port, fmt::join(missing, ", "),
+                       options_.world_size, options_.world_size - missing.size()));
+      RunUntil(io_, &done_, Deadline::After(kFailureGraceS + 1));
     }
-    if (!job_error_.empty()) Throw(ErrorCode::kInvalidArgument, "rank 0: {}", job_error_);
+    error_code ignored;
+    acceptor_.close(ignored);
+    if (failure_) Throw(failure_code_, "rank 0: {}", *failure_);
     std::vector<std::string> result;
     for (auto& a : addresses_) result.push_back(*a);
     return result;
@@ -80,28 +83,32 @@ class Server {
   void Accept() {
     auto socket = std::make_shared<tcp::socket>(io_);
     acceptor_.async_accept(*socket, [this, socket](const error_code& ec) {
-      if (ec || done_ || replying_) return;
+      if (ec || done_) return;
       Accept();
-      const std::string from = RemoteName(*socket);
+      Client client{socket, RemoteName(*socket)};
+      accepted_.push_back(client);
+      if (failure_) return Send(client, error_reply_);
       auto hello = std::make_shared<wire::RendezvousHello>();
-      AsyncReadMessage(*socket, hello.get(), from,
-                       [this, socket, hello, from](std::exception_ptr error) {
-                         OnHello(socket, *hello, from, error);
+      AsyncReadMessage(*socket, hello.get(), client.from,
+                       [this, client, hello](std::exception_ptr error) {
+                         OnHello(client, *hello, error);
                        });
     });
   }
 
-  void OnHello(const std::shared_ptr<tcp::socket>& socket, const wire::RendezvousHello& hello,
-               const std::string& from, const std::exception_ptr& error) {
-    if (done_ || replying_) return;
+  void OnHello(const Client& client, const wire::RendezvousHello& hello,
+               const std::exception_ptr& error) {
+    if (done_ || failure_) return;
     if (error) {
       // Not a pipesgd rank (a port scanner, a stray client): drop it, keep the job going.
-      PSGD_LOG_WARN("rank 0: rendezvous dropped a connection from {}: {}", from, What(error));
+      PSGD_LOG_WARN("rank 0: rendezvous dropped a connection from {}: {}", client.from,
+                    What(error));
       error_code ignored;
-      socket->close(ignored);
+      client.socket->close(ignored);
       return;
     }
     const int n = options_.world_size;
+    const std::string& from = client.from;
     std::string problem;
     if (hello.protocol_version() != kProtocolVersion) {
       problem = fmt::format("rank {} (from {}) speaks protocol version {}, rank 0 speaks {}",
@@ -120,63 +127,65 @@ class Server {
       problem = fmt::format("rank {} joined twice (from {} and from {})", hello.rank(),
                             clients_[hello.rank()].from, from);
     }
-    if (!problem.empty()) {
-      clients_extra_.push_back({socket, from});
-      job_error_ = problem;
-      wire::RendezvousReply reply;
-      reply.set_error(problem);
-      Reply(reply);  // Run() throws job_error_ once everyone has been told
-      return;
-    }
+    if (!problem.empty()) return Fail(ErrorCode::kInvalidArgument, problem);
     addresses_[hello.rank()] = hello.address();
-    clients_[hello.rank()] = {socket, from};
+    clients_[hello.rank()] = client;
     if (static_cast<int>(clients_.size()) == n - 1) {
       wire::RendezvousReply reply;
       for (auto& a : addresses_) reply.add_addresses(*a);
-      Reply(reply);
+      pending_writes_ = static_cast<int>(clients_.size());
+      for (auto& [rank, c] : clients_) Send(c, reply);
     }
   }
 
-  // Sends `reply` to every connected rank; done_ once every write has finished.
-  void Reply(const wire::RendezvousReply& reply) {
-    replying_ = true;
-    error_code ignored;
-    acceptor_.close(ignored);
-    std::vector<Client> targets;
-    for (auto& [rank, client] : clients_) targets.push_back(client);
-    for (auto& client : clients_extra_) targets.push_back(client);
-    pending_writes_ = static_cast<int>(targets.size());
-    if (pending_writes_ == 0) done_ = true;
-    for (auto& client : targets) {
-      AsyncWriteMessage(*client.socket, reply, [this, client](std::exception_ptr error) {
-        if (error) {
-          PSGD_LOG_WARN("rank 0: could not send the rendezvous answer to {}: {}", client.from,
-                        What(error));
-        }
-        if (--pending_writes_ == 0) done_ = true;
-      });
+  // The job cannot start: tell every connection so far and, for a grace period, every new one.
+  void Fail(ErrorCode code, const std::string& problem) {
+    failure_ = problem;
+    failure_code_ = code;
+    error_reply_.set_error(problem);
+    for (auto& client : accepted_) {
+      if (client.socket->is_open()) Send(client, error_reply_);
     }
+    grace_timer_ = std::make_unique<asio::steady_timer>(
+        io_, std::chrono::milliseconds(static_cast<int>(kFailureGraceS * 1000)));
+    grace_timer_->async_wait([this](const error_code&) { done_ = true; });
   }
 
-  // Tells every connected rank why the job cannot start (best effort, bounded by 2 s).
-  void Reject(const std::string& reason) {
-    wire::RendezvousReply reply;
-    reply.set_error(reason);
-    done_ = false;
-    Reply(reply);
-    RunUntil(io_, &done_, Deadline::After(2.0));
-    done_ = true;
+  // Writes `reply`, then closes gracefully: shutdown our side and drain until the peer closes,
+  // so the kernel never resets the connection (which could discard the reply unread).
+  void Send(const Client& client, const wire::RendezvousReply& reply) {
+    AsyncWriteMessage(*client.socket, reply, [this, client](std::exception_ptr error) {
+      if (error) {
+        PSGD_LOG_WARN("rank 0: could not send the rendezvous answer to {}: {}", client.from,
+                      What(error));
+      } else {
+        error_code ignored;
+        client.socket->shutdown(tcp::socket::shutdown_send, ignored);
+        Drain(client);
+      }
+      if (!failure_ && --pending_writes_ == 0) done_ = true;
+    });
+  }
+
+  void Drain(const Client& client) {
+    auto scratch = std::make_shared<std::array<char, 512>>();
+    client.socket->async_read_some(asio::buffer(*scratch),
+                                   [this, client, scratch](const error_code& ec, size_t) {
+                                     if (!ec) Drain(client);
+                                   });
   }
 
   RendezvousOptions options_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
   std::vector<std::optional<std::string>> addresses_;
-  std::map<int, Client> clients_;
-  std::vector<Client> clients_extra_;  // rejected processes, told why
-  std::string job_error_;
+  std::map<int, Client> clients_;  // ranks whose hello was accepted
+  std::vector<Client> accepted_;   // every connection, in arrival order
+  std::optional<std::string> failure_;
+  ErrorCode failure_code_ = ErrorCode::kInvalidArgument;
+  wire::RendezvousReply error_reply_;
+  std::unique_ptr<asio::steady_timer> grace_timer_;
   bool done_ = false;
-  bool replying_ = false;
   int pending_writes_ = 0;
 };
 
@@ -221,16 +230,12 @@ std::vector<std::string> RunClient(const RendezvousOptions& options, const std::
   wire::RendezvousReply reply;
   std::exception_ptr error;
   bool done = false;
-  AsyncWriteMessage(socket, hello, [&](std::exception_ptr e) {
-    if (e) {
-      error = e;
-      done = true;
-      return;
-    }
-    AsyncReadMessage(socket, &reply, where, [&](std::exception_ptr e2) {
-      error = e2;
-      done = true;
-    });
+  // The reply is read whether or not the hello could be written: rank 0 may already have
+  // answered (a failed job) and closed its side before our hello went out.
+  AsyncWriteMessage(socket, hello, [](std::exception_ptr) {});
+  AsyncReadMessage(socket, &reply, where, [&](std::exception_ptr e) {
+    error = e;
+    done = true;
   });
   if (!RunUntil(io, &done, deadline)) {
     Throw(ErrorCode::kDeadlineExceeded,
