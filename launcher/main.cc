@@ -9,6 +9,7 @@
 
 #include "core/base/error.h"
 #include "core/base/log.h"
+#include "launcher/bench.h"
 #include "launcher/supervisor.h"
 #include "launcher/worker.h"
 
@@ -72,11 +73,43 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   worker_cmd->add_flag("-v,--verbose", worker.verbose, "Debug logging");
 
+  pipesgd::launcher::AllReduceBenchArgs bench;
+  pipesgd::launcher::RunArgs bench_run;
+  std::string min_bytes = "4K", max_bytes = "64M";
+  int bench_np = 0;
+  auto* bench_cmd = app.add_subcommand("bench", "Benchmarks");
+  bench_cmd->require_subcommand(1);
+  auto* bench_ar = bench_cmd->add_subcommand(
+      "allreduce",
+      "AllReduce bandwidth in the nccl-tests convention (size, count, type, redop, time, algbw, "
+      "busbw, #wrong; out-of-place and in-place). With --np N starts N local ranks; without, "
+      "runs one rank from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT");
+  bench_ar->add_option("--np", bench_np, "Start this many local ranks")->check(CLI::Range(1, 1024));
+  bench_ar->add_option("-b,--minbytes", min_bytes, "Smallest size in bytes (K, M, G suffixes)")
+      ->capture_default_str();
+  bench_ar->add_option("-e,--maxbytes", max_bytes, "Largest size in bytes")->capture_default_str();
+  bench_ar->add_option("-f,--stepfactor", bench.factor, "Size multiplier between rows")
+      ->capture_default_str();
+  bench_ar->add_option("-n,--iters", bench.iters, "Timed iterations per size")->capture_default_str();
+  bench_ar->add_option("-w,--warmup_iters", bench.warmup, "Untimed iterations per size")
+      ->capture_default_str();
+  bench_ar->add_flag("-c,--check", bench.check, "Verify exact sums; count wrong elements");
+  bench_ar->add_option("--link-gbps", bench.link_gbps,
+                       "Link rate in Gbit/s: also print busbw as a share of it");
+  bench_ar->add_option("--json", bench.json_path, "Write the rows as JSON to this file");
+  bench_ar->add_option("--chunk-bytes", bench.chunk_bytes, "Ring chunk size in bytes")
+      ->capture_default_str();
+  bench_ar->add_option("--master-addr", bench_run.master_addr, "With --np: rendezvous address")
+      ->capture_default_str();
+  bench_ar->add_option("--master-port", bench_run.master_port,
+                       "With --np: rendezvous port (default: a free port)");
+
   app.footer("Exit status: 0 on success, 1 on an error (printed as 'error: ...'), 2 on a usage "
              "error; `run` exits with the failing worker's status.");
   // CLI11 reports an unknown subcommand as "a subcommand is required"; say what was wrong.
-  if (args.size() > 1 && args[1][0] != '-' && args[1] != "run" && args[1] != "worker") {
-    std::fprintf(stderr, "error: unknown subcommand '%s' (expected 'run' or 'worker'; see "
+  if (args.size() > 1 && args[1][0] != '-' && args[1] != "run" && args[1] != "worker" &&
+      args[1] != "bench") {
+    std::fprintf(stderr, "error: unknown subcommand '%s' (expected run, worker or bench; see "
                          "pipesgd --help)\n", args[1].c_str());
     return 2;
   }
@@ -91,6 +124,18 @@ int main(int argc, char** argv) {
     if (*run_cmd) {
       pipesgd::InitLogging(run.verbose);
       return pipesgd::launcher::RunLocal(run);
+    }
+    if (*bench_cmd) {
+      pipesgd::InitLogging(false);
+      bench.min_bytes = pipesgd::launcher::ParseBytes(min_bytes);
+      bench.max_bytes = pipesgd::launcher::ParseBytes(max_bytes);
+      if (bench_np > 0) {
+        bench_run.num_processes = bench_np;
+        bench_run.worker_command = pipesgd::launcher::AllReduceBenchWorkerCommand(bench);
+        return pipesgd::launcher::RunLocal(bench_run);
+      }
+      pipesgd::launcher::RunAllReduceBench(bench);
+      return 0;
     }
     pipesgd::InitLogging(worker.verbose);
     pipesgd::launcher::RunWorker(worker);

@@ -130,16 +130,21 @@ bool Forward(int rank, std::string& partial, const char* data, size_t n, int fd,
 
 pid_t SpawnWorker(const std::string& exe, const RunArgs& args, int rank, uint16_t port,
                   int out_fd, int err_fd) {
-  std::vector<std::string> argv = {exe, "worker", args.config_path};
-  for (const auto& o : args.overrides) {
-    argv.push_back("--set");
-    argv.push_back(o);
+  std::vector<std::string> argv = {exe};
+  if (!args.worker_command.empty()) {
+    argv.insert(argv.end(), args.worker_command.begin(), args.worker_command.end());
+  } else {
+    argv.insert(argv.end(), {"worker", args.config_path});
+    for (const auto& o : args.overrides) {
+      argv.push_back("--set");
+      argv.push_back(o);
+    }
+    if (!args.out_dir.empty()) {
+      argv.push_back("--out");
+      argv.push_back(args.out_dir);
+    }
+    if (args.verbose) argv.push_back("--verbose");
   }
-  if (!args.out_dir.empty()) {
-    argv.push_back("--out");
-    argv.push_back(args.out_dir);
-  }
-  if (args.verbose) argv.push_back("--verbose");
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);
@@ -183,7 +188,7 @@ int RunLocal(const RunArgs& args) {
           args.num_processes);
   }
   // Check the config once here, so a mistake is reported once and not by every worker.
-  LoadJobConfig(args.config_path, args.overrides);
+  if (args.worker_command.empty()) LoadJobConfig(args.config_path, args.overrides);
   if (!args.out_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(args.out_dir, ec);

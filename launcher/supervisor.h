@@ -19,6 +19,9 @@ struct RunArgs {
   int master_port = 0;  // 0: pick a free port
   bool verbose = false;
   double kill_grace_s = 5;  // between SIGTERM and SIGKILL when stopping workers
+  // What each worker runs (arguments after the program name). Empty: `worker CONFIG --set ...
+  // --out ...` from the fields above, with the config checked once before starting.
+  std::vector<std::string> worker_command;
 };
 
 // Runs the job; returns the process exit code (0 when every worker succeeded). Throws

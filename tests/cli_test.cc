@@ -397,6 +397,36 @@ TEST(Cli, UnknownSubcommandIsAUsageError) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
 }
 
+TEST(Bench, AllReduceTableInTheNcclTestsConvention) {
+  TempDir dir;
+  auto r = RunCommand({kBinary, "bench", "allreduce", "-np", "3", "-b", "4K", "-e", "64K", "-f",
+                       "4", "-n", "3", "-w", "1", "-c", "--link-gbps", "10", "--json",
+                       dir.path("rows.json")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* column : {"size(B)", "count", "type", "redop", "time(us)", "algbw", "busbw",
+                             "#wrong", "out-of-place", "in-place", "Avg bus bandwidth"}) {
+    EXPECT_NE(r.out.find(column), std::string::npos) << column << "\n" << r.out;
+  }
+  std::ifstream f(dir.path("rows.json"));
+  auto rows = nlohmann::json::parse(f);
+  ASSERT_EQ(rows.size(), 3u);  // 4 KiB, 16 KiB, 64 KiB
+  const uint64_t sizes[] = {4096, 16384, 65536};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(rows[i].at("size_bytes"), sizes[i]);
+    EXPECT_EQ(rows[i].at("count"), sizes[i] / 4);
+    EXPECT_EQ(rows[i].at("ranks"), 3);
+    for (const char* kind : {"out_of_place", "in_place"}) {
+      const auto& m = rows[i].at(kind);
+      EXPECT_EQ(m.at("wrong"), 0) << kind;
+      // busbw = algbw * 2(n-1)/n, algbw = bytes / time.
+      EXPECT_NEAR(m.at("busbw_gbs").get<double>(), m.at("algbw_gbs").get<double>() * 4.0 / 3.0, 1e-9);
+      EXPECT_NEAR(m.at("algbw_gbs").get<double>(),
+                  sizes[i] / (m.at("time_us").get<double>() * 1e-6) / 1e9, 1e-6);
+      EXPECT_NEAR(m.at("busbw_link_share").get<double>(), m.at("busbw_gbs").get<double>() * 8 / 10, 1e-9);
+    }
+  }
+}
+
 TEST(Cli, HelpListsSubcommands) {
   auto r = RunCommand({kBinary, "--help"});
   EXPECT_EQ(r.exit_code, 0);

@@ -1,0 +1,202 @@
+#include "launcher/bench.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.h"
+#include "core/base/log.h"
+#include "core/collective/ring_allreduce.h"
+#include "launcher/worker.h"
+#include "transport/message_io.h"
+#include "transport/rendezvous.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace pipesgd::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using collective::ReduceOp;
+
+struct Result {
+  double time_us = 0;
+  double algbw = 0;
+  double busbw = 0;
+  int64_t wrong = 0;
+};
+
+// Small integers so that every sum is exact in float: rank r, element i -> r + (i mod 97).
+float Pattern(int rank, uint64_t i) { return static_cast<float>(rank + static_cast<int>(i % 97)); }
+float Expected(int world, uint64_t i) {
+  return static_cast<float>(world * (world - 1) / 2 + world * static_cast<int>(i % 97));
+}
+
+}  // namespace
+
+uint64_t ParseBytes(const std::string& text) {
+  if (text.empty()) Throw(ErrorCode::kInvalidArgument, "size '': expected e.g. 4096, 4K, 64M, 1G");
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (...) {
+    Throw(ErrorCode::kInvalidArgument, "size '{}': expected e.g. 4096, 4K, 64M, 1G", text);
+  }
+  std::string suffix = text.substr(used);
+  double scale = 1;
+  if (suffix == "K" || suffix == "k") scale = 1024.0;
+  else if (suffix == "M" || suffix == "m") scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g") scale = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty()) Throw(ErrorCode::kInvalidArgument, "size '{}': unknown suffix '{}' (K, M or G)", text, suffix);
+  if (!(value >= 0) || value * scale > 1e12) {
+    Throw(ErrorCode::kInvalidArgument, "size '{}': expected 0 to 1T bytes", text);
+  }
+  return static_cast<uint64_t>(value * scale);
+}
+
+std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a) {
+  std::vector<std::string> cmd = {"bench", "allreduce", "-b", std::to_string(a.min_bytes),
+                                  "-e", std::to_string(a.max_bytes), "-f", fmt::format("{}", a.factor),
+                                  "-n", std::to_string(a.iters), "-w", std::to_string(a.warmup),
+                                  "--chunk-bytes", std::to_string(a.chunk_bytes)};
+  if (a.check) cmd.push_back("-c");
+  if (a.link_gbps > 0) {
+    cmd.push_back("--link-gbps");
+    cmd.push_back(fmt::format("{}", a.link_gbps));
+  }
+  if (!a.json_path.empty()) {
+    cmd.push_back("--json");
+    cmd.push_back(a.json_path);
+  }
+  return cmd;
+}
+
+void RunAllReduceBench(const AllReduceBenchArgs& args) {
+  if (args.min_bytes > args.max_bytes || args.factor <= 1 || args.iters < 1 || args.warmup < 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "bench allreduce: expected -b <= -e, -f > 1, -n >= 1, -w >= 0 (got -b {} -e {} -f {} "
+          "-n {} -w {})",
+          args.min_bytes, args.max_bytes, args.factor, args.iters, args.warmup);
+  }
+  const JobEnv env = ReadJobEnv();
+  const int n = env.world_size;
+  transport::tcp::TcpOptions tcp{env.rank, n,
+                                 n == 1 ? "127.0.0.1"
+                                        : transport::LocalIpToward(env.master_addr, env.master_port)};
+  auto transport = transport::tcp::CreateTcpTransport(tcp);
+  transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, n,
+                                   "pipesgd " PIPESGD_VERSION " bench allreduce " +
+                                       fmt::format("{}", fmt::join(AllReduceBenchWorkerCommand(args), " "))};
+  const Deadline start = Deadline::After(args.start_timeout_s);
+  auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), start);
+  collective::CommunicatorOptions options;
+  options.chunk_bytes = args.chunk_bytes;
+  auto comm = collective::Communicator::Create(std::move(transport), n, addresses, options, start);
+  auto deadline = [&] { return Deadline::After(args.timeout_s); };
+
+  const bool lead = env.rank == 0;
+  const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
+  if (lead) {
+    std::printf("# pipesgd bench allreduce: %d ranks, tcp, chunk %llu B, %d iterations after %d "
+                "warm-up, times are means over ranks\n",
+                n, static_cast<unsigned long long>(args.chunk_bytes), args.iters, args.warmup);
+    std::printf("#%63s%s\n", "out-of-place", "                          in-place");
+    std::printf("# %10s %12s %6s %6s %9s %7s %7s %6s %s %9s %7s %7s %6s %s\n", "size(B)", "count",
+                "type", "redop", "time(us)", "algbw", "busbw", "#wrong",
+                args.link_gbps > 0 ? "%link" : "", "time(us)", "algbw", "busbw", "#wrong",
+                args.link_gbps > 0 ? "%link" : "");
+    std::printf("# %10s %12s %6s %6s %9s %7s %7s %6s %s %9s %7s %7s\n", "", "(elements)", "", "",
+                "", "(GB/s)", "(GB/s)", "", args.link_gbps > 0 ? "     " : "", "", "(GB/s)", "(GB/s)");
+  }
+
+  nlohmann::json rows = nlohmann::json::array();
+  double busbw_total = 0;
+  int busbw_count = 0;
+  std::vector<float> input, output;
+  for (double size = static_cast<double>(args.min_bytes); size <= args.max_bytes * 1.0000001;
+       size = std::max(size * args.factor, size + 4)) {
+    const uint64_t count = static_cast<uint64_t>(size) / sizeof(float);
+    const uint64_t bytes = count * sizeof(float);
+    input.assign(count, 0.0f);
+    output.assign(count, 0.0f);
+    Result results[2];
+    for (int in_place = 0; in_place < 2; ++in_place) {
+      auto refill = [&] {
+        for (uint64_t i = 0; i < count; ++i) input[i] = Pattern(env.rank, i);
+      };
+      auto once = [&] {
+        if (in_place) {
+          comm->AllReduce(input, ReduceOp::kSum, deadline());
+        } else {
+          std::memcpy(output.data(), input.data(), bytes);
+          comm->AllReduce(output, ReduceOp::kSum, deadline());
+        }
+      };
+      refill();
+      for (int i = 0; i < args.warmup; ++i) once();
+      float sync = 0;
+      comm->AllReduce(std::span<float>(&sync, 1), ReduceOp::kSum, deadline());  // common start
+      const auto t0 = Clock::now();
+      for (int i = 0; i < args.iters; ++i) once();
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / args.iters;
+
+      double wrong = 0;
+      if (args.check) {
+        refill();
+        once();
+        const std::vector<float>& result = in_place ? input : output;
+        for (uint64_t i = 0; i < count; ++i) wrong += result[i] != Expected(n, i);
+      }
+      // Mean time over ranks; wrong elements summed over ranks (exact below 2^24).
+      float stats[2] = {static_cast<float>(seconds), static_cast<float>(wrong)};
+      comm->AllReduce(std::span<float>(stats, 2), ReduceOp::kSum, deadline());
+      Result& r = results[in_place];
+      r.time_us = stats[0] / n * 1e6;
+      r.algbw = r.time_us > 0 ? bytes / (r.time_us * 1e-6) / 1e9 : 0;
+      r.busbw = r.algbw * bus_factor;
+      r.wrong = args.check ? static_cast<int64_t>(stats[1]) : -1;
+      busbw_total += r.busbw;
+      ++busbw_count;
+    }
+    if (lead) {
+      auto link = [&](const Result& r) {
+        return args.link_gbps > 0 ? fmt::format(" {:5.1f}", 100.0 * r.busbw * 8 / args.link_gbps)
+                                  : std::string();
+      };
+      auto wrong = [&](const Result& r) {
+        return r.wrong < 0 ? std::string("N/A") : std::to_string(r.wrong);
+      };
+      std::printf("  %10llu %12llu %6s %6s %9.1f %7.3f %7.3f %6s%s %9.1f %7.3f %7.3f %6s%s\n",
+                  static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
+                  "float", "sum", results[0].time_us, results[0].algbw, results[0].busbw,
+                  wrong(results[0]).c_str(), link(results[0]).c_str(), results[1].time_us,
+                  results[1].algbw, results[1].busbw, wrong(results[1]).c_str(),
+                  link(results[1]).c_str());
+      std::fflush(stdout);
+      auto as_json = [&](const Result& r) {
+        nlohmann::json j = {{"time_us", r.time_us}, {"algbw_gbs", r.algbw}, {"busbw_gbs", r.busbw}};
+        if (r.wrong >= 0) j["wrong"] = r.wrong;
+        if (args.link_gbps > 0) j["busbw_link_share"] = r.busbw * 8 / args.link_gbps;
+        return j;
+      };
+      rows.push_back({{"size_bytes", bytes}, {"count", count}, {"type", "float"},
+                      {"redop", "sum"}, {"ranks", n}, {"out_of_place", as_json(results[0])},
+                      {"in_place", as_json(results[1])}});
+    }
+    if (count == 0 && args.max_bytes == 0) break;
+  }
+  if (lead) {
+    std::printf("# Avg bus bandwidth    : %.3f GB/s\n", busbw_count ? busbw_total / busbw_count : 0.0);
+    if (!args.json_path.empty()) {
+      std::ofstream out(args.json_path, std::ios::trunc);
+      out << rows.dump(2) << "\n";
+      if (!out) Throw(ErrorCode::kIo, "--json {}: cannot write: {}", args.json_path, std::strerror(errno));
+    }
+  }
+}
+
+}  // namespace pipesgd::launcher

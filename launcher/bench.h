@@ -1,0 +1,39 @@
+// `pipesgd bench allreduce`: AllReduce bandwidth in the nccl-tests convention (all_reduce_perf),
+// so numbers compare with what users already read:
+//   algbw = S / t            (S bytes reduced, t seconds per call)
+//   busbw = algbw * 2(n-1)/n (the bytes each rank really moves over its link, per second)
+// in GB/s (10^9 bytes). Out-of-place (input copied to a separate output, then reduced in place:
+// the copy is timed) and in-place. With --link-gbps R, busbw is also shown as a share of R.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipesgd::launcher {
+
+struct AllReduceBenchArgs {
+  uint64_t min_bytes = 4096;          // -b
+  uint64_t max_bytes = 64ull << 20;   // -e
+  double factor = 2;                  // -f
+  int iters = 20;                     // -n
+  int warmup = 5;                     // -w
+  bool check = false;                 // -c: verify exact sums, count wrong elements
+  double link_gbps = 0;               // --link-gbps: link rate in Gbit/s (0 = not shown)
+  std::string json_path;              // --json: the same rows as JSON
+  uint64_t chunk_bytes = 1 << 20;     // --chunk-bytes
+  double timeout_s = 120;
+  double start_timeout_s = 60;
+};
+
+// "4K", "64M", "1G", "1048576" -> bytes. Throws Error kInvalidArgument naming the text.
+uint64_t ParseBytes(const std::string& text);
+
+// Runs one rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment); rank 0
+// prints the table. Throws pipesgd::Error on failure.
+void RunAllReduceBench(const AllReduceBenchArgs& args);
+
+// The command line that makes each worker of `pipesgd bench allreduce --np N` run one rank.
+std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& args);
+
+}  // namespace pipesgd::launcher
