@@ -16,8 +16,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # data: Fashion-MNIST as gzipped IDX under /usr/share/datasets/fashion-mnist/
   dataset-fashion-mnist
-  # tests: process tools
-  procps iproute2
+  # tests and benchmarks: process tools, network namespaces and shaping, link measurement
+  procps iproute2 iperf3
 )
 
 SUDO=""
