@@ -85,6 +85,56 @@ TEST_P(RingAllReduceWorldSize, ExactWithTinyChunks) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, RingAllReduceWorldSize, ::testing::Range(1, 9));
 
+// The matrix of the line-rate issue: world sizes x counts x chunk sizes, on buffers that start
+// at an odd float offset (not 16-byte aligned). 4-byte chunks (one float each) run only the
+// counts up to 4097: every chunk is a message, and a million of them would take minutes.
+class RingMatrix : public ::testing::TestWithParam<std::tuple<int, uint64_t>> {};
+
+TEST_P(RingMatrix, ExactOnUnalignedBuffers) {
+  const auto [world, chunk_bytes] = GetParam();
+  std::vector<uint64_t> counts = {0, 1, 2, 3, 5, 7, 13, 1023, 4097};
+  if (chunk_bytes >= 4096) counts.push_back((1 << 20) + 3);
+  auto results = RunRanks(world, [&](const RankContext& ctx) {
+    auto comm = Connect(ctx, chunk_bytes);
+    for (uint64_t count : counts) {
+      std::vector<float> storage(count + 1);
+      std::span<float> data(storage.data() + 1, count);  // 4-byte aligned only
+      for (uint64_t i = 0; i < count; ++i) data[i] = Input(ctx.rank, i);
+      comm->AllReduce(data, ReduceOp::kSum, Deadline::After(120));
+      for (uint64_t i = 0; i < count; ++i) {
+        const float expected = static_cast<float>(ExactSum(ctx.world_size, i));
+        if (data[i] != expected) {
+          return fmt::format("count {} element {}: {} != {}", count, i, data[i], expected);
+        }
+      }
+    }
+    return std::string();
+  }, 300);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    EXPECT_EQ(results[r].output, "") << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndChunks, RingMatrix,
+    ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
+                       ::testing::Values(4u, 20u, 4096u, 1u << 20)));
+
+TEST(RingAllReduce, ZeroAgainstNonZeroCountFailsByName) {
+  auto results = RunRanks(2, [](const RankContext& ctx) {
+    auto comm = Connect(ctx, 1 << 20);
+    std::vector<float> data(ctx.rank == 0 ? 0 : 5, 1.0f);
+    comm->AllReduce(data, ReduceOp::kSum, Deadline::After(10));
+    return std::string("no error");
+  }, 30);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 1) << "rank " << r << ": " << results[r].output;
+    EXPECT_NE(results[r].error.find("count (elements)"), std::string::npos) << results[r].error;
+    EXPECT_EQ(results[r].error.find("timed out"), std::string::npos) << results[r].error;
+  }
+}
+
 TEST(RingAllReduce, ManyCallsReuseBuffersAndStayExact) {
   auto results = RunRanks(3, [](const RankContext& ctx) {
     auto comm = Connect(ctx, 4096);

@@ -104,7 +104,28 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
                              const std::atomic<bool>* abort) {
   const uint64_t seq = seq_++;
   const int n = world_size_;
-  if (n == 1 || data.empty()) return;  // averaging over one rank is the identity
+  if (n == 1) return;  // averaging over one rank is the identity
+  if (data.empty()) {
+    // Nothing to reduce, but neighbours must still agree: one header each way, so a rank that
+    // calls with 0 elements while its neighbour has N fails by name instead of by timeout.
+    if (send_slots_.empty()) send_slots_.resize(1);
+    SendSlot& slot = send_slots_[0];
+    slot.header = ChunkHeader{};
+    slot.header.op = static_cast<uint8_t>(op);
+    slot.header.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    slot.header.seq = seq;
+    slot.header.sender_rank = static_cast<uint32_t>(rank_);
+    slot.op.Set(&slot.header, sizeof(ChunkHeader));
+    right_->PostSend(slot.op);
+    ChunkHeader header;
+    transport::Op recv;
+    recv.Set(&header, sizeof(ChunkHeader));
+    left_->PostRecv(recv);
+    transport_->Wait(recv, deadline, wait_header_.c_str(), abort);
+    CheckHeader(header, seq, op, 0, 0, 0);
+    transport_->Wait(slot.op, deadline, wait_send_.c_str(), abort);
+    return;
+  }
 
   const int r = rank_;
   const RingPlan plan(data.size(), n, options_.chunk_bytes / sizeof(float));

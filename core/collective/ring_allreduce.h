@@ -60,7 +60,8 @@ class RingPlan {
   uint64_t chunk_elems_;
 };
 
-// Precedes every chunk on the wire. 48 bytes in host byte order (little-endian on every
+// Precedes every chunk on the wire (and travels alone, once per neighbour, for a collective of
+// zero elements). 48 bytes in host byte order (little-endian on every
 // supported platform; docs/wire_protocol.md). chunk_index counts the chunks one rank sends to
 // its right neighbour within one collective, so a lost, duplicated or reordered chunk is caught.
 struct ChunkHeader {
