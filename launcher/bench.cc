@@ -62,7 +62,8 @@ std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a
   std::vector<std::string> cmd = {"bench", "allreduce", "-b", std::to_string(a.min_bytes),
                                   "-e", std::to_string(a.max_bytes), "-f", fmt::format("{}", a.factor),
                                   "-n", std::to_string(a.iters), "-w", std::to_string(a.warmup),
-                                  "--chunk-bytes", std::to_string(a.chunk_bytes)};
+                                  "--chunk-bytes", std::to_string(a.chunk_bytes),
+                                  "--streams", std::to_string(a.streams)};
   if (a.check) cmd.push_back("-c");
   if (a.link_gbps > 0) {
     cmd.push_back("--link-gbps");
@@ -95,15 +96,17 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), start);
   collective::CommunicatorOptions options;
   options.chunk_bytes = args.chunk_bytes;
+  options.streams = args.streams;
   auto comm = collective::Communicator::Create(std::move(transport), n, addresses, options, start);
   auto deadline = [&] { return Deadline::After(args.timeout_s); };
 
   const bool lead = env.rank == 0;
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
   if (lead) {
-    std::printf("# pipesgd bench allreduce: %d ranks, tcp, chunk %llu B, %d iterations after %d "
-                "warm-up, times are means over ranks\n",
-                n, static_cast<unsigned long long>(args.chunk_bytes), args.iters, args.warmup);
+    std::printf("# pipesgd bench allreduce: %d ranks, tcp x %d stream(s) per neighbour, chunk %llu "
+                "B, %d iterations after %d warm-up, times are means over ranks\n",
+                n, args.streams, static_cast<unsigned long long>(args.chunk_bytes), args.iters,
+                args.warmup);
     std::printf("#%63s%s\n", "out-of-place", "                          in-place");
     std::printf("# %10s %12s %6s %6s %9s %7s %7s %6s %s %9s %7s %7s %6s %s\n", "size(B)", "count",
                 "type", "redop", "time(us)", "algbw", "busbw", "#wrong",

@@ -552,6 +552,7 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Comm>(Comm::kChunkBytesFieldNumber), IntRange{1024, int64_t{1} << 30, 4}},
       {Field<Comm>(Comm::kStartTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
       {Field<Comm>(Comm::kTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
+      {Field<Comm>(Comm::kStreamsFieldNumber), IntRange{1, 16}},
       // seed: any uint64; transport: the parser admits only declared enum values.
   };
   return rules;
@@ -678,7 +679,7 @@ class Validator {
       value = fmt::format("{}", v);
       ok = v >= range->lo && (!range->hi || v <= *range->hi) && v % range->multiple_of == 0;
       expected = Describe(*range);
-    } else if (const auto* range = std::get_if<RealRange>(&rule->second)) {
+    } else if (const auto* real_range = std::get_if<RealRange>(&rule->second)) {
       double v = 0;
       switch (field->cpp_type()) {
         case FieldDescriptor::CPPTYPE_FLOAT: {
@@ -694,9 +695,9 @@ class Validator {
         default:
           PSGD_CHECK(!"real rule on a non-real field");
       }
-      ok = std::isfinite(v) && (range->lo_inclusive ? v >= range->lo : v > range->lo) &&
-           (!range->hi_exclusive || v < *range->hi_exclusive);
-      expected = Describe(*range);
+      ok = std::isfinite(v) && (real_range->lo_inclusive ? v >= real_range->lo : v > real_range->lo) &&
+           (!real_range->hi_exclusive || v < *real_range->hi_exclusive);
+      expected = Describe(*real_range);
     } else {
       std::string scratch;
       const std::string& v = index < 0 ? r->GetStringReference(message, field, &scratch)

@@ -99,6 +99,9 @@ int main(int argc, char** argv) {
   bench_ar->add_option("--json", bench.json_path, "Write the rows as JSON to this file");
   bench_ar->add_option("--chunk-bytes", bench.chunk_bytes, "Ring chunk size in bytes")
       ->capture_default_str();
+  bench_ar->add_option("--streams", bench.streams, "TCP connections per ring neighbour")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   bench_ar->add_option("--master-addr", bench_run.master_addr, "With --np: rendezvous address")
       ->capture_default_str();
   bench_ar->add_option("--master-port", bench_run.master_port,

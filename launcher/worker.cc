@@ -272,6 +272,7 @@ void RunWorker(const WorkerArgs& args) {
         transport::RendezvousAllGather(rdv, transport->LocalAddress(), start_deadline);
     collective::CommunicatorOptions comm_options;
     comm_options.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
+    comm_options.streams = comm_cfg.streams();
     comm = collective::Communicator::Create(std::move(transport), env.world_size, addresses,
                                             comm_options, start_deadline);
   } catch (const Error& e) {

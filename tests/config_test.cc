@@ -142,7 +142,7 @@ TEST_F(ConfigTest, FormatConfigPrintsEveryFieldAndRoundTrips) {
         "test_limit: 0", "input_mean: 0", "input_std: 1", "batch_size: 16", "learning_rate: 0.05", "momentum: 0.5",
         "weight_decay: 0", "epochs: 3", "seed: 1", "pipeline_width: 2", "max_steps: 0",
         "progress_per_epoch: 4", "transport: TCP", "chunk_bytes: 1048576",
-        "start_timeout_s: 60", "timeout_s: 120"}) {
+        "start_timeout_s: 60", "timeout_s: 120", "streams: 1"}) {
     EXPECT_THAT(text, HasSubstr(field));
   }
   config::Job reparsed;
@@ -334,7 +334,7 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"train.seed=18446744073709551615", true},
         RangeCase{"data.train_limit=100", true}, RangeCase{"data.train_limit=-1", false},
         RangeCase{"data.test_limit=-1", false}, RangeCase{"data.train_images=", false},
-        RangeCase{"data.test_labels=\"\"", false}, RangeCase{"comm.chunk_bytes=1024", true}, RangeCase{"comm.chunk_bytes=1020", false}, RangeCase{"comm.chunk_bytes=4", false},
+        RangeCase{"data.test_labels=\"\"", false}, RangeCase{"comm.chunk_bytes=1024", true}, RangeCase{"comm.streams=0", false}, RangeCase{"comm.streams=16", true}, RangeCase{"comm.streams=17", false}, RangeCase{"comm.chunk_bytes=1020", false}, RangeCase{"comm.chunk_bytes=4", false},
         RangeCase{"comm.chunk_bytes=1073741824", true}, RangeCase{"comm.chunk_bytes=0", false},
         RangeCase{"comm.chunk_bytes=6", false}, RangeCase{"comm.chunk_bytes=1073741828", false},
         RangeCase{"comm.start_timeout_s=0.5", true}, RangeCase{"comm.start_timeout_s=0", false},

@@ -20,8 +20,9 @@ using collective::RingPlan;
 using testing::RankContext;
 using testing::RunRanks;
 
-std::unique_ptr<Communicator> Connect(const RankContext& ctx, uint64_t chunk_bytes) {
-  return testing::ConnectRing(ctx, chunk_bytes);
+std::unique_ptr<Communicator> Connect(const RankContext& ctx, uint64_t chunk_bytes,
+                                      int streams = 1) {
+  return testing::ConnectRing(ctx, chunk_bytes, streams);
 }
 
 // Rank r element i = 1000*r + i (mod 2^20 to keep sums exact in float).
@@ -120,6 +121,35 @@ INSTANTIATE_TEST_SUITE_P(
     WorldsAndChunks, RingMatrix,
     ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
                        ::testing::Values(4u, 20u, 4096u, 1u << 20)));
+
+class RingStreams : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(RingStreams, ExactWithSeveralConnectionsPerNeighbour) {
+  const auto [world, streams] = GetParam();
+  auto results = RunRanks(world, [&](const RankContext& ctx) {
+    auto comm = Connect(ctx, 4096, streams);
+    for (int repeat = 0; repeat < 3; ++repeat) {
+      for (uint64_t count : {0ull, 1ull, 13ull, 1023ull, 4097ull, (1ull << 20) + 3}) {
+        std::vector<float> data(count);
+        for (uint64_t i = 0; i < count; ++i) data[i] = Input(ctx.rank, i);
+        comm->AllReduce(data, ReduceOp::kSum, Deadline::After(60));
+        for (uint64_t i = 0; i < count; ++i) {
+          if (data[i] != static_cast<float>(ExactSum(ctx.world_size, i))) {
+            return fmt::format("count {} element {}: {}", count, i, data[i]);
+          }
+        }
+      }
+    }
+    return std::string();
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    EXPECT_EQ(results[r].output, "") << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldsAndStreams, RingStreams,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Values(2, 3, 4)));
 
 TEST(RingAllReduce, ZeroAgainstNonZeroCountFailsByName) {
   auto results = RunRanks(2, [](const RankContext& ctx) {

@@ -281,10 +281,10 @@ std::string DescribeJobDifference(const std::string& theirs, int their_rank,
   const auto b = SplitLines(ours);
   size_t i = 0;
   while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-  auto trimmed = [](const std::vector<std::string>& lines, size_t i) -> std::string {
-    if (i >= lines.size()) return "(nothing)";
-    auto start = lines[i].find_first_not_of(' ');
-    return start == std::string::npos ? "" : lines[i].substr(start);
+  auto trimmed = [](const std::vector<std::string>& lines, size_t at) -> std::string {
+    if (at >= lines.size()) return "(nothing)";
+    auto start = lines[at].find_first_not_of(' ');
+    return start == std::string::npos ? "" : lines[at].substr(start);
   };
   // Enclosing sections: walk back for lines that open a block at a smaller indentation.
   std::vector<std::string> context;

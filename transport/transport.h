@@ -93,13 +93,15 @@ class Transport {
   // Opaque bytes that identify this process's endpoint; the peers pass them to Connect.
   virtual std::string LocalAddress() const = 0;
 
-  // Establishes one connection to each of `peers` (rank -> the address that rank published),
-  // all concurrently so no order of calls across ranks can deadlock. Both sides of a pair must
-  // call it with each other. Blocks until every connection is up. Throws Error
-  // kDeadlineExceeded naming the ranks still missing, kDataLoss for a bad address or hello,
-  // kUnavailable if a peer refuses past the deadline.
+  // Establishes `streams` parallel connections to each of `peers` (rank -> the address that
+  // rank published), all concurrently so no order of calls across ranks can deadlock. Both sides
+  // of a pair must call it with each other and the same `streams`. Blocks until every
+  // connection is up. Returns them peer by peer in the order of `peers`, streams 0..streams-1
+  // within a peer. Throws Error kDeadlineExceeded naming the ranks still missing, kDataLoss for
+  // a bad address, kUnavailable if a peer refuses past the deadline.
   virtual std::vector<std::unique_ptr<Connection>> Connect(
-      const std::vector<std::pair<int, std::string>>& peers, Deadline deadline) = 0;
+      const std::vector<std::pair<int, std::string>>& peers, Deadline deadline,
+      int streams = 1) = 0;
 
   // Drives progress until `op` completes. Rethrows the op's error (a pipesgd::Error naming the
   // peer and bytes). Throws Error kDeadlineExceeded ("<what>: no progress ...") when the

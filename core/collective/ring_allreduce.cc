@@ -49,6 +49,10 @@ std::unique_ptr<Communicator> Communicator::Create(
     Throw(ErrorCode::kInvalidArgument, "chunk_bytes = {}: expected a positive multiple of 4",
           options.chunk_bytes);
   }
+  if (options.streams < 1 || options.streams > 64) {
+    Throw(ErrorCode::kInvalidArgument, "streams = {}: expected an integer in [1, 64]",
+          options.streams);
+  }
   std::unique_ptr<Communicator> comm(new Communicator());
   comm->rank_ = transport->rank();
   comm->world_size_ = world_size;
@@ -60,9 +64,12 @@ std::unique_ptr<Communicator> Communicator::Create(
   const int right = (comm->rank_ + 1) % world_size;
   std::vector<std::pair<int, std::string>> peers = {{left, addresses[left]}};
   if (right != left) peers.push_back({right, addresses[right]});
-  comm->connections_ = comm->transport_->Connect(peers, deadline);
-  comm->left_ = comm->connections_[0].get();
-  comm->right_ = comm->connections_.back().get();
+  const int k = options.streams;
+  comm->connections_ = comm->transport_->Connect(peers, deadline, k);
+  for (int s = 0; s < k; ++s) {
+    comm->left_.push_back(comm->connections_[s].get());
+    comm->right_.push_back(comm->connections_[right != left ? k + s : s].get());
+  }
   comm->wait_header_ = fmt::format("a chunk header from rank {} (left neighbour)", left);
   comm->wait_payload_ = fmt::format("a chunk from rank {} (left neighbour)", left);
   comm->wait_send_ = fmt::format("a chunk send to rank {} (right neighbour)", right);
@@ -77,7 +84,7 @@ Communicator::~Communicator() {
 void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op,
                                uint64_t count, uint64_t chunk_index,
                                uint64_t payload_bytes) const {
-  const int left = left_->peer_rank();
+  const int left = left_[0]->peer_rank();
   if (got.magic != ChunkHeader::kMagic || got.version != ChunkHeader::kVersion) {
     Throw(ErrorCode::kDataLoss,
           "rank {}: received a chunk header from rank {} with magic {:#010x} version {}, "
@@ -116,11 +123,11 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
     slot.header.seq = seq;
     slot.header.sender_rank = static_cast<uint32_t>(rank_);
     slot.op.Set(&slot.header, sizeof(ChunkHeader));
-    right_->PostSend(slot.op);
+    right_[0]->PostSend(slot.op);
     ChunkHeader header;
     transport::Op recv;
     recv.Set(&header, sizeof(ChunkHeader));
-    left_->PostRecv(recv);
+    left_[0]->PostRecv(recv);
     transport_->Wait(recv, deadline, wait_header_.c_str(), abort);
     CheckHeader(header, seq, op, 0, 0, 0);
     transport_->Wait(slot.op, deadline, wait_send_.c_str(), abort);
@@ -173,7 +180,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
     slot.header.sender_rank = static_cast<uint32_t>(r);
     slot.op.Set(&slot.header, sizeof(ChunkHeader), data.data() + range.offset,
                 range.count * sizeof(float));
-    right_->PostSend(slot.op);
+    right_[index % right_.size()]->PostSend(slot.op);
   };
   auto wait = [&](transport::Op& o, const char* what) {
     transport_->Wait(o, deadline, what, abort);
@@ -192,7 +199,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
   transport::Op payload_op;
   if (total_recvs > 0) {
     header_ops[0].Set(&headers[0], sizeof(ChunkHeader));
-    left_->PostRecv(header_ops[0]);
+    left_[0]->PostRecv(header_ops[0]);
   }
   for (int k = 0; k < steps; ++k) {
     const int b = recv_block(k);
@@ -211,11 +218,14 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
         target = data.data() + range.offset;
         wait(send_slots_[send_base[k - (n - 1)] + c].op, wait_send_.c_str());
       }
+      // Chunk i travels on stream i mod k; per stream the order is header, payload, next
+      // header, as the sender wrote them.
+      const size_t streams = left_.size();
       payload_op.Set(target, bytes);
-      left_->PostRecv(payload_op);
+      left_[index % streams]->PostRecv(payload_op);
       if (index + 1 < total_recvs) {
         header_ops[(index + 1) % 2].Set(&headers[(index + 1) % 2], sizeof(ChunkHeader));
-        left_->PostRecv(header_ops[(index + 1) % 2]);
+        left_[(index + 1) % streams]->PostRecv(header_ops[(index + 1) % 2]);
       }
       wait(payload_op, wait_payload_.c_str());
 

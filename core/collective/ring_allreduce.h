@@ -85,6 +85,9 @@ static_assert(sizeof(ChunkHeader) == 48);
 struct CommunicatorOptions {
   // Bytes per chunk; a multiple of 4 (whole floats), at least 4.
   uint64_t chunk_bytes = 1 << 20;
+  // Parallel connections to each neighbour; chunk i of a stream travels on connection
+  // i mod streams. One TCP flow often falls short of line rate on fast links; several share it.
+  int streams = 1;  // >= 1
 };
 
 // A ring of ranks over one transport. Thread-compatible: one thread (the trainer's
@@ -131,8 +134,8 @@ class Communicator {
 
   std::unique_ptr<transport::Transport> transport_;
   std::vector<std::unique_ptr<transport::Connection>> connections_;
-  transport::Connection* left_ = nullptr;   // receives from rank - 1
-  transport::Connection* right_ = nullptr;  // sends to rank + 1
+  std::vector<transport::Connection*> left_;   // receives from rank - 1, one per stream
+  std::vector<transport::Connection*> right_;  // sends to rank + 1, one per stream
   int rank_ = 0;
   int world_size_ = 1;
   CommunicatorOptions options_;

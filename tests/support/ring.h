@@ -12,17 +12,19 @@
 namespace pipesgd::testing {
 
 inline std::unique_ptr<collective::Communicator> ConnectRing(const RankContext& ctx,
-                                                             uint64_t chunk_bytes = 1 << 20) {
+                                                             uint64_t chunk_bytes = 1 << 20,
+                                                             int streams = 1) {
   transport::tcp::TcpOptions tcp;
   tcp.rank = ctx.rank;
   tcp.world_size = ctx.world_size;
   tcp.bind_host = "127.0.0.1";
   auto transport = transport::tcp::CreateTcpTransport(tcp);
-  transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size};
+  transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size, "test"};
   auto addresses =
       transport::RendezvousAllGather(rdv, transport->LocalAddress(), Deadline::After(30));
   collective::CommunicatorOptions options;
   options.chunk_bytes = chunk_bytes;
+  options.streams = streams;
   return collective::Communicator::Create(std::move(transport), ctx.world_size, addresses,
                                           options, Deadline::After(30));
 }

@@ -84,7 +84,8 @@ class TcpTransport final : public Transport {
   int rank() const override { return options_.rank; }
   std::string LocalAddress() const override { return address_; }
   std::vector<std::unique_ptr<Connection>> Connect(
-      const std::vector<std::pair<int, std::string>>& peers, Deadline deadline) override;
+      const std::vector<std::pair<int, std::string>>& peers, Deadline deadline,
+      int streams) override;
   void Wait(Op& op, Deadline deadline, const char* what,
             const std::atomic<bool>* abort) override;
   void Poll() override;
@@ -266,7 +267,8 @@ void TcpTransport::Wait(Op& op, Deadline deadline, const char* what,
 struct ConnectState {
   int rank = 0;
   int world_size = 0;
-  std::map<int, tcp::socket> established;
+  int streams = 1;
+  std::map<std::pair<int, int>, tcp::socket> established;  // (rank, stream)
   std::set<int> expect_accept;
   std::map<int, std::string> dial_errors;
   std::exception_ptr fatal;
@@ -276,11 +278,13 @@ struct ConnectState {
 };
 
 std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
-    const std::vector<std::pair<int, std::string>>& peers, Deadline deadline) {
+    const std::vector<std::pair<int, std::string>>& peers, Deadline deadline, int streams) {
+  PSGD_CHECK_GE(streams, 1);
   auto state = std::make_shared<ConnectState>();
   state->rank = options_.rank;
   state->world_size = options_.world_size;
-  state->wanted = peers.size();
+  state->streams = streams;
+  state->wanted = peers.size() * static_cast<size_t>(streams);
   std::map<int, tcp::endpoint> dial;
   for (const auto& [peer, address] : peers) {
     PSGD_CHECK_NE(peer, options_.rank);
@@ -319,8 +323,12 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
           reason = fmt::format("protocol version {} (ours is {})", hello->protocol_version(), kProtocolVersion);
         } else if (hello->world_size() != state->world_size) {
           reason = fmt::format("rank {} has world size {}, ours is {}", hello->rank(), hello->world_size(), state->world_size);
-        } else if (!state->expect_accept.count(hello->rank()) || state->established.count(hello->rank())) {
-          reason = fmt::format("unexpected rank {}", hello->rank());
+        } else if (hello->stream() < 0 || hello->stream() >= state->streams) {
+          reason = fmt::format("rank {} opens stream {}, we use {} per peer", hello->rank(),
+                               hello->stream(), state->streams);
+        } else if (!state->expect_accept.count(hello->rank()) ||
+                   state->established.count({hello->rank(), hello->stream()})) {
+          reason = fmt::format("unexpected rank {} stream {}", hello->rank(), hello->stream());
         }
         if (!reason.empty()) {
           PSGD_LOG_WARN("rank {}: rejected a data connection from {}: {}", state->rank, from, reason);
@@ -328,7 +336,7 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
           socket->close(ignored2);
           return;
         }
-        state->established.emplace(hello->rank(), std::move(*socket));
+        state->established.emplace(std::pair{hello->rank(), hello->stream()}, std::move(*socket));
         state->Check();
       });
     });
@@ -336,16 +344,16 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
   if (!state->expect_accept.empty()) accept_next();
 
   // Dial side: retry refused connections until the deadline (the peer may not listen yet).
-  std::function<void(int, tcp::endpoint)> dial_one;
-  dial_one = [this, state, &dial_one](int peer, tcp::endpoint endpoint) {
+  std::function<void(int, int, tcp::endpoint)> dial_one;
+  dial_one = [this, state, &dial_one](int peer, int stream, tcp::endpoint endpoint) {
     auto socket = std::make_shared<tcp::socket>(io_);
-    socket->async_connect(endpoint, [this, state, socket, peer, endpoint, dial_one](const error_code& ec) {
+    socket->async_connect(endpoint, [this, state, socket, peer, stream, endpoint, dial_one](const error_code& ec) {
       if (state->done) return;
       if (ec) {
         state->dial_errors[peer] = ec.message();
         auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
-        timer->async_wait([timer, peer, endpoint, dial_one, state](const error_code& tec) {
-          if (!tec && !state->done) dial_one(peer, endpoint);
+        timer->async_wait([timer, peer, stream, endpoint, dial_one, state](const error_code& tec) {
+          if (!tec && !state->done) dial_one(peer, stream, endpoint);
         });
         return;
       }
@@ -355,17 +363,20 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
       hello.set_protocol_version(kProtocolVersion);
       hello.set_rank(state->rank);
       hello.set_world_size(state->world_size);
-      AsyncWriteMessage(*socket, hello, [state, socket, peer](std::exception_ptr error) {
+      hello.set_stream(stream);
+      AsyncWriteMessage(*socket, hello, [state, socket, peer, stream](std::exception_ptr error) {
         if (error) {
           state->fatal = error;
         } else {
-          state->established.emplace(peer, std::move(*socket));
+          state->established.emplace(std::pair{peer, stream}, std::move(*socket));
         }
         state->Check();
       });
     });
   };
-  for (const auto& [peer, endpoint] : dial) dial_one(peer, endpoint);
+  for (const auto& [peer, endpoint] : dial) {
+    for (int stream = 0; stream < streams; ++stream) dial_one(peer, stream, endpoint);
+  }
 
   state->Check();
   bool ok = RunUntil(io_, &state->done, deadline);
@@ -378,7 +389,9 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
   if (!ok) {
     std::vector<std::string> missing;
     for (const auto& [peer, address] : peers) {
-      if (state->established.count(peer)) continue;
+      int up = 0;
+      for (int stream = 0; stream < streams; ++stream) up += state->established.count({peer, stream});
+      if (up == streams) continue;
       if (peer < options_.rank) {
         missing.push_back(fmt::format("rank {} never connected", peer));
       } else {
@@ -394,11 +407,13 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
 
   std::vector<std::unique_ptr<Connection>> connections;
   for (const auto& [peer, address] : peers) {
-    tcp::socket& socket = state->established.at(peer);
-    error_code ec;
-    socket.set_option(tcp::no_delay(true), ec);
-    connections.push_back(
-        std::make_unique<TcpConnection>(*this, std::move(socket), options_.rank, peer));
+    for (int stream = 0; stream < streams; ++stream) {
+      tcp::socket& socket = state->established.at({peer, stream});
+      error_code ec;
+      socket.set_option(tcp::no_delay(true), ec);
+      connections.push_back(
+          std::make_unique<TcpConnection>(*this, std::move(socket), options_.rank, peer));
+    }
   }
   return connections;
 }
