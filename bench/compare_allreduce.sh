@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# pipesgd's AllReduce beside Gloo's on the emulated 4-node lab, in one run (root only):
+#   bench/compare_allreduce.sh RATE [MIN MAX]    RATE: a tc rate (100mbit, 1gbit, 10gbit) or none
+# Brings the lab up (scripts/lab), measures the link's TCP goodput with iperf3 (node 1 -> node 0,
+# 10 s), runs `pipesgd bench allreduce` and bench/peers/gloo_allreduce (if built: Debian
+# libgloo-dev) with one rank per node over the same sizes, takes the lab down, and writes
+# docs/results/allreduce_lab_<RATE>.{md,csv,json}: per size the time of each, pipesgd's time over
+# the best peer's, and busbw as a share of the measured goodput.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RATE="${1:?usage: bench/compare_allreduce.sh RATE [MIN MAX]}"
+MIN="${2:-64K}"
+MAX="${3:-256M}"
+BIN=build/launcher/pipesgd
+GLOO=build/bench/gloo_allreduce
+export LAB_PREFIX="${LAB_PREFIX:-psgdbench}" LAB_SUBNET="${LAB_SUBNET:-10.83.0}"
+OUT=docs/results/allreduce_lab_${RATE}
+[[ -x "$BIN" ]] || { echo "build first (scripts/quickstart.sh or scripts/test.sh)" >&2; exit 1; }
+bytes() { "$BIN" bench allreduce --help >/dev/null; python3 -c "
+s='$1'; m={'K':1<<10,'M':1<<20,'G':1<<30}
+print(int(float(s[:-1])*m[s[-1].upper()]) if s[-1].upper() in m else int(s))"; }
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; scripts/lab down >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+scripts/lab up 4
+scripts/lab shape "$RATE"
+master=$(scripts/lab addr 0)
+tmp=$(mktemp -d)
+
+# Link goodput, one TCP flow, measured inside the lab (never from the root namespace).
+scripts/lab exec 0 iperf3 -s -1 -B "$master" > /dev/null 2>&1 &
+pids+=($!)
+sleep 0.5
+scripts/lab exec 1 iperf3 -c "$master" -t 10 -J > "$tmp/iperf.json"
+wait "${pids[@]}" 2>/dev/null || true
+pids=()
+goodput_gbps=$(python3 -c "import json; print(f\"{json.load(open('$tmp/iperf.json'))['end']['sum_received']['bits_per_second']/1e9:.4f}\")")
+echo "iperf3 goodput: $goodput_gbps Gbit/s"
+
+run_ranks() {  # run_ranks NAME CMD...: one rank per node, rank i on node i
+  local name="$1"; shift
+  for i in 0 1 2 3; do
+    RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=29500 OPENBLAS_NUM_THREADS=1 \
+      GLOO_STORE_DIR="$tmp/gloo_store" BIND_HOST="$(scripts/lab addr "$i")" \
+      timeout 1800 scripts/lab exec "$i" "$@" > "$tmp/$name.$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  pids=()
+  cat "$tmp/$name.0.log"
+}
+
+run_ranks pipesgd "$BIN" bench allreduce -b "$MIN" -e "$MAX" -f 4 -n 5 -w 1 -c \
+  --link-gbps "$goodput_gbps" --json "$tmp/pipesgd.json"
+have_gloo=0
+if [[ -x "$GLOO" ]]; then
+  mkdir -p "$tmp/gloo_store"
+  run_ranks gloo "$GLOO" "$(bytes "$MIN")" "$(bytes "$MAX")" 4 5 1 "$goodput_gbps"
+  have_gloo=1
+fi
+
+mkdir -p docs/results
+cp "$tmp/pipesgd.json" "$OUT.json"
+python3 - "$tmp" "$OUT" "$RATE" "$goodput_gbps" "$have_gloo" "$MIN" "$MAX" <<'PY'
+import json, sys, datetime
+tmp, out, rate, goodput, have_gloo, lo, hi = sys.argv[1:8]
+goodput = float(goodput)
+rows = json.load(open(f"{tmp}/pipesgd.json"))
+gloo = {}
+if have_gloo == "1":
+    for line in open(f"{tmp}/gloo.0.log"):
+        f = line.split()
+        if f and f[0].isdigit():
+            gloo[int(f[0])] = float(f[4])
+csv = ["size_bytes,pipesgd_time_us,pipesgd_busbw_gbs,pipesgd_busbw_share_of_goodput,gloo_time_us,pipesgd_over_best_peer"]
+md = ["| size | pipesgd time (us) | busbw (GB/s) | % of goodput | Gloo time (us) | pipesgd / best peer |",
+      "|---:|---:|---:|---:|---:|---:|"]
+for r in rows:
+    size = r["size_bytes"]; ip = r["in_place"]
+    t, bw = ip["time_us"], ip["busbw_gbs"]
+    share = 100 * bw * 8 / goodput
+    g = gloo.get(size)
+    ratio = f"{t / g:.2f}" if g else "n/a"
+    csv.append(f"{size},{t:.1f},{bw:.4f},{share:.1f},{g if g else ''},{ratio}")
+    md.append(f"| {size} | {t:.1f} | {bw:.4f} | {share:.1f} | {f'{g:.1f}' if g else 'n/a'} | {ratio} |")
+open(f"{out}.csv", "w").write("\n".join(csv) + "\n")
+text = [f"# AllReduce on the emulated 4-node lab, links shaped to {rate}", "",
+        f"Measured {datetime.date.today()} on a 2-core Debian 12 machine: 4 network namespaces on a bridge,",
+        f"each node's link shaped by tc tbf to {rate}, one rank per node, TCP. Command:", "",
+        "```", f"bench/compare_allreduce.sh {rate} {lo} {hi}", "```", "",
+        f"Link goodput (iperf3, one TCP flow, node 1 -> node 0, 10 s): **{goodput} Gbit/s**.",
+        "pipesgd columns are its in-place AllReduce (`pipesgd bench allreduce`, mean over ranks of",
+        "5 iterations after 1 warm-up); Gloo is `gloo::allreduce` over its TCP transport, timed the same",
+        "way (bench/peers/gloo_allreduce.cc). A ratio below 1 means pipesgd is faster. Open MPI is not",
+        "in this run yet.", ""] + md + ["", "Raw tables:", "", "```"]
+text += open(f"{tmp}/pipesgd.0.log").read().splitlines()
+if have_gloo == "1":
+    text += [""] + open(f"{tmp}/gloo.0.log").read().splitlines()
+text += ["```"]
+open(f"{out}.md", "w").write("\n".join(text) + "\n")
+PY
+rm -rf "$tmp"
+echo "wrote $OUT.md, $OUT.csv and $OUT.json"
