@@ -2,8 +2,10 @@
 # pipesgd's AllReduce beside Gloo's on the emulated 4-node lab, in one run (root only):
 #   bench/compare_allreduce.sh RATE [MIN MAX]    RATE: a tc rate (100mbit, 1gbit, 10gbit) or none
 # Brings the lab up (scripts/lab), measures the link's TCP goodput with iperf3 (node 1 -> node 0,
-# 10 s), runs `pipesgd bench allreduce` and bench/peers/gloo_allreduce (if built: Debian
-# libgloo-dev) with one rank per node over the same sizes, takes the lab down, and writes
+# 10 s), runs `pipesgd bench allreduce`, bench/peers/gloo_allreduce (if built: Debian
+# libgloo-dev) and bench/peers/mpi_allreduce (if built: Debian libopenmpi-dev; mpirun launches
+# its ranks through bench/peers/netns_rsh instead of ssh) with one rank per node over the same
+# sizes, takes the lab down, and writes
 # docs/results/allreduce_lab_<RATE>.{md,csv,json}: per size the time of each, pipesgd's time over
 # the best peer's, and busbw as a share of the measured goodput.
 set -euo pipefail
@@ -13,6 +15,7 @@ MIN="${2:-64K}"
 MAX="${3:-256M}"
 BIN=build/launcher/pipesgd
 GLOO=build/bench/gloo_allreduce
+MPI=build/bench/mpi_allreduce
 export LAB_PREFIX="${LAB_PREFIX:-psgdbench}" LAB_SUBNET="${LAB_SUBNET:-10.83.0}"
 OUT=docs/results/allreduce_lab_${RATE}
 [[ -x "$BIN" ]] || { echo "build first (scripts/quickstart.sh or scripts/test.sh)" >&2; exit 1; }
@@ -60,30 +63,48 @@ if [[ -x "$GLOO" ]]; then
   have_gloo=1
 fi
 
+have_mpi=0
+if [[ -x "$MPI" ]]; then
+  hosts=$(for i in 0 1 2 3; do scripts/lab addr "$i"; done | paste -sd,)
+  # btl tcp,self: no shared memory, so MPI's traffic crosses the shaped links like ours.
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 1800 scripts/lab exec 0 \
+    mpirun --allow-run-as-root -np 4 --host "$hosts" --mca plm_rsh_agent "$PWD/bench/peers/netns_rsh" \
+    --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 \
+    -x LAB_PREFIX -x LAB_SUBNET "$PWD/$MPI" "$(bytes "$MIN")" "$(bytes "$MAX")" 4 5 1 \
+    "$goodput_gbps" > "$tmp/mpi.0.log" 2>&1
+  cat "$tmp/mpi.0.log"
+  have_mpi=1
+fi
+
 mkdir -p docs/results
 cp "$tmp/pipesgd.json" "$OUT.json"
-python3 - "$tmp" "$OUT" "$RATE" "$goodput_gbps" "$have_gloo" "$MIN" "$MAX" <<'PY'
+python3 - "$tmp" "$OUT" "$RATE" "$goodput_gbps" "$have_gloo" "$MIN" "$MAX" "$have_mpi" <<'PY'
 import json, sys, datetime
-tmp, out, rate, goodput, have_gloo, lo, hi = sys.argv[1:8]
+tmp, out, rate, goodput, have_gloo, lo, hi, have_mpi = sys.argv[1:9]
 goodput = float(goodput)
 rows = json.load(open(f"{tmp}/pipesgd.json"))
-gloo = {}
-if have_gloo == "1":
-    for line in open(f"{tmp}/gloo.0.log"):
-        f = line.split()
-        if f and f[0].isdigit():
-            gloo[int(f[0])] = float(f[4])
-csv = ["size_bytes,pipesgd_time_us,pipesgd_busbw_gbs,pipesgd_busbw_share_of_goodput,gloo_time_us,pipesgd_over_best_peer"]
-md = ["| size | pipesgd time (us) | busbw (GB/s) | % of goodput | Gloo time (us) | pipesgd / best peer |",
-      "|---:|---:|---:|---:|---:|---:|"]
+def peer(name, present):
+    times = {}
+    if present == "1":
+        for line in open(f"{tmp}/{name}.0.log"):
+            f = line.split()
+            if f and f[0].isdigit():
+                times[int(f[0])] = float(f[4])
+    return times
+gloo, mpi = peer("gloo", have_gloo), peer("mpi", have_mpi)
+csv = ["size_bytes,pipesgd_time_us,pipesgd_busbw_gbs,pipesgd_busbw_share_of_goodput,gloo_time_us,mpi_time_us,pipesgd_over_best_peer"]
+md = ["| size | pipesgd time (us) | busbw (GB/s) | % of goodput | Gloo time (us) | Open MPI time (us) | pipesgd / best peer |",
+      "|---:|---:|---:|---:|---:|---:|---:|"]
+fmt = lambda v: f"{v:.1f}" if v else "n/a"
 for r in rows:
     size = r["size_bytes"]; ip = r["in_place"]
     t, bw = ip["time_us"], ip["busbw_gbs"]
     share = 100 * bw * 8 / goodput
-    g = gloo.get(size)
-    ratio = f"{t / g:.2f}" if g else "n/a"
-    csv.append(f"{size},{t:.1f},{bw:.4f},{share:.1f},{g if g else ''},{ratio}")
-    md.append(f"| {size} | {t:.1f} | {bw:.4f} | {share:.1f} | {f'{g:.1f}' if g else 'n/a'} | {ratio} |")
+    g, m = gloo.get(size), mpi.get(size)
+    peers = [v for v in (g, m) if v]
+    ratio = f"{t / min(peers):.2f}" if peers else "n/a"
+    csv.append(f"{size},{t:.1f},{bw:.4f},{share:.1f},{g or ''},{m or ''},{ratio}")
+    md.append(f"| {size} | {t:.1f} | {bw:.4f} | {share:.1f} | {fmt(g)} | {fmt(m)} | {ratio} |")
 open(f"{out}.csv", "w").write("\n".join(csv) + "\n")
 text = [f"# AllReduce on the emulated 4-node lab, links shaped to {rate}", "",
         f"Measured {datetime.date.today()} on a 2-core Debian 12 machine: 4 network namespaces on a bridge,",
@@ -92,11 +113,13 @@ text = [f"# AllReduce on the emulated 4-node lab, links shaped to {rate}", "",
         f"Link goodput (iperf3, one TCP flow, node 1 -> node 0, 10 s): **{goodput} Gbit/s**.",
         "pipesgd columns are its in-place AllReduce (`pipesgd bench allreduce`, mean over ranks of",
         "5 iterations after 1 warm-up); Gloo is `gloo::allreduce` over its TCP transport, timed the same",
-        "way (bench/peers/gloo_allreduce.cc). A ratio below 1 means pipesgd is faster. Open MPI is not",
-        "in this run yet.", ""] + md + ["", "Raw tables:", "", "```"]
+        "way (bench/peers/gloo_allreduce.cc); Open MPI is MPI_Allreduce in place with its default",
+        "algorithm choice over the tcp BTL (bench/peers/mpi_allreduce.cc). A ratio below 1 means",
+        "pipesgd is faster than the best of the two.", ""] + md + ["", "Raw tables:", "", "```"]
 text += open(f"{tmp}/pipesgd.0.log").read().splitlines()
-if have_gloo == "1":
-    text += [""] + open(f"{tmp}/gloo.0.log").read().splitlines()
+for name, present in (("gloo", have_gloo), ("mpi", have_mpi)):
+    if present == "1":
+        text += [""] + open(f"{tmp}/{name}.0.log").read().splitlines()
 text += ["```"]
 open(f"{out}.md", "w").write("\n".join(text) + "\n")
 PY

@@ -18,8 +18,8 @@ PACKAGES=(
   dataset-fashion-mnist
   # tests and benchmarks: process tools, network namespaces and shaping, link measurement
   procps iproute2 iperf3
-  # benchmarks: a peer library measured side by side (bench/peers/)
-  libgloo-dev
+  # benchmarks: peer libraries measured side by side (bench/peers/)
+  libgloo-dev openmpi-bin libopenmpi-dev
 )
 
 SUDO=""
