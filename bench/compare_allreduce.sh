@@ -19,7 +19,7 @@ MPI=build/bench/mpi_allreduce
 export LAB_PREFIX="${LAB_PREFIX:-psgdbench}" LAB_SUBNET="${LAB_SUBNET:-10.83.0}"
 OUT=docs/results/allreduce_lab_${RATE}
 [[ -x "$BIN" ]] || { echo "build first (scripts/quickstart.sh or scripts/test.sh)" >&2; exit 1; }
-bytes() { "$BIN" bench allreduce --help >/dev/null; python3 -c "
+bytes() { python3 -c "
 s='$1'; m={'K':1<<10,'M':1<<20,'G':1<<30}
 print(int(float(s[:-1])*m[s[-1].upper()]) if s[-1].upper() in m else int(s))"; }
 

@@ -12,9 +12,6 @@
 #include "core/base/log.h"
 #include "core/collective/ring_allreduce.h"
 #include "launcher/worker.h"
-#include "transport/message_io.h"
-#include "transport/rendezvous.h"
-#include "transport/tcp/tcp_transport.h"
 
 namespace pipesgd::launcher {
 namespace {
@@ -85,19 +82,15 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   }
   const JobEnv env = ReadJobEnv();
   const int n = env.world_size;
-  transport::tcp::TcpOptions tcp{env.rank, n,
-                                 n == 1 ? "127.0.0.1"
-                                        : transport::LocalIpToward(env.master_addr, env.master_port)};
-  auto transport = transport::tcp::CreateTcpTransport(tcp);
-  transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, n,
-                                   "pipesgd " PIPESGD_VERSION " bench allreduce " +
-                                       fmt::format("{}", fmt::join(AllReduceBenchWorkerCommand(args), " "))};
-  const Deadline start = Deadline::After(args.start_timeout_s);
-  auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), start);
   collective::CommunicatorOptions options;
   options.chunk_bytes = args.chunk_bytes;
   options.streams = args.streams;
-  auto comm = collective::Communicator::Create(std::move(transport), n, addresses, options, start);
+  auto comm = ConnectRing(
+      env,
+      fmt::format("pipesgd " PIPESGD_VERSION " bench allreduce {}",
+                  fmt::join(AllReduceBenchWorkerCommand(args), " ")),
+      options, Deadline::After(args.start_timeout_s),
+      fmt::format("start-up timeout {} s", args.start_timeout_s));
   auto deadline = [&] { return Deadline::After(args.timeout_s); };
 
   const bool lead = env.rank == 0;

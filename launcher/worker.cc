@@ -1,12 +1,12 @@
 #include "launcher/worker.h"
 
-#include <chrono>
-#include <cmath>
-#include <cstdlib>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -182,6 +182,29 @@ std::string JobDescription(const config::Job& job) {
   return "pipesgd " PIPESGD_VERSION "\n" + FormatConfig(copy);
 }
 
+std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
+                                                      const collective::CommunicatorOptions& options,
+                                                      Deadline deadline,
+                                                      const std::string& timeout_setting) {
+  transport::tcp::TcpOptions tcp;
+  tcp.rank = env.rank;
+  tcp.world_size = env.world_size;
+  tcp.bind_host = env.world_size == 1
+                      ? "127.0.0.1"
+                      : transport::LocalIpToward(env.master_addr, env.master_port);
+  auto transport = transport::tcp::CreateTcpTransport(tcp);
+  transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, env.world_size,
+                                   job};
+  try {
+    auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
+    return collective::Communicator::Create(std::move(transport), env.world_size, addresses,
+                                            options, deadline);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+    throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
+  }
+}
+
 JobEnv ReadJobEnv() {
   JobEnv env;
   const char* rank = std::getenv("RANK");
@@ -256,30 +279,12 @@ void RunWorker(const WorkerArgs& args) {
   }
 
   // Network: publish our endpoint, meet the others, connect the ring.
-  const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
-  transport::tcp::TcpOptions tcp;
-  tcp.rank = env.rank;
-  tcp.world_size = env.world_size;
-  tcp.bind_host = env.world_size == 1
-                      ? "127.0.0.1"
-                      : transport::LocalIpToward(env.master_addr, env.master_port);
-  auto transport = transport::tcp::CreateTcpTransport(tcp);
-  transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, env.world_size,
-                                   JobDescription(job)};
-  std::unique_ptr<collective::Communicator> comm;
-  try {
-    auto addresses =
-        transport::RendezvousAllGather(rdv, transport->LocalAddress(), start_deadline);
-    collective::CommunicatorOptions comm_options;
-    comm_options.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
-    comm_options.streams = comm_cfg.streams();
-    comm = collective::Communicator::Create(std::move(transport), env.world_size, addresses,
-                                            comm_options, start_deadline);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kDeadlineExceeded) throw;
-    throw Error(e.code(), fmt::format("{} (comm.start_timeout_s = {} s)", e.what(),
-                                      comm_cfg.start_timeout_s()));
-  }
+  collective::CommunicatorOptions comm_options;
+  comm_options.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
+  comm_options.streams = comm_cfg.streams();
+  auto comm = ConnectRing(env, JobDescription(job), comm_options,
+                          Deadline::After(comm_cfg.start_timeout_s()),
+                          fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
   if (lead) PSGD_LOG_INFO("ring connected: {} ranks over tcp", env.world_size);
 
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),

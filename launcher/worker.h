@@ -5,7 +5,11 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "configs/pipesgd.pb.h"
+#include "core/base/deadline.h"
+#include "core/collective/ring_allreduce.h"
 
 namespace pipesgd::launcher {
 
@@ -29,6 +33,14 @@ struct JobEnv {
 // What every rank of a job must agree on, compared at rendezvous: the program version and the
 // effective config, except the data paths (they may differ from machine to machine).
 std::string JobDescription(const config::Job& job);
+
+// Publishes this rank's TCP endpoint (on the interface that reaches MASTER_ADDR), meets the other
+// ranks at the rendezvous (all must pass the same `job` text) and connects the ring, all within
+// `deadline`. A deadline error names `timeout_setting` (e.g. "comm.start_timeout_s = 60 s").
+std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
+                                                      const collective::CommunicatorOptions& options,
+                                                      Deadline deadline,
+                                                      const std::string& timeout_setting);
 
 // Reads and checks the variables. Throws Error kInvalidArgument naming the variable, its value
 // and what was expected.

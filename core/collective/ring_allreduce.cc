@@ -107,6 +107,21 @@ void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op
   if (got.payload_bytes != payload_bytes) mismatch("chunk bytes", got.payload_bytes, payload_bytes);
 }
 
+void Communicator::PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t count,
+                             uint64_t index, const float* payload, uint64_t elems) {
+  slot.header = ChunkHeader{};
+  slot.header.op = static_cast<uint8_t>(op);
+  slot.header.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  slot.header.seq = seq;
+  slot.header.count = count;
+  slot.header.chunk_index = index;
+  slot.header.payload_bytes = elems * sizeof(float);
+  slot.header.sender_rank = static_cast<uint32_t>(rank_);
+  slot.op.Set(&slot.header, sizeof(ChunkHeader), payload, elems * sizeof(float));
+  // Chunk i travels on stream i mod k.
+  right_[index % right_.size()]->PostSend(slot.op);
+}
+
 void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
                              const std::atomic<bool>* abort) {
   const uint64_t seq = seq_++;
@@ -117,13 +132,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
     // calls with 0 elements while its neighbour has N fails by name instead of by timeout.
     if (send_slots_.empty()) send_slots_.resize(1);
     SendSlot& slot = send_slots_[0];
-    slot.header = ChunkHeader{};
-    slot.header.op = static_cast<uint8_t>(op);
-    slot.header.dtype = static_cast<uint8_t>(DataType::kFloat32);
-    slot.header.seq = seq;
-    slot.header.sender_rank = static_cast<uint32_t>(rank_);
-    slot.op.Set(&slot.header, sizeof(ChunkHeader));
-    right_[0]->PostSend(slot.op);
+    PostChunk(slot, seq, op, 0, 0, nullptr, 0);
     ChunkHeader header;
     transport::Op recv;
     recv.Set(&header, sizeof(ChunkHeader));
@@ -169,18 +178,8 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
   if (scratch_.size() < max_chunk) scratch_.resize(max_chunk);
 
   auto post_send = [&](uint64_t index, Range range) {
-    SendSlot& slot = send_slots_[index];
-    slot.header = ChunkHeader{};
-    slot.header.op = static_cast<uint8_t>(op);
-    slot.header.dtype = static_cast<uint8_t>(DataType::kFloat32);
-    slot.header.seq = seq;
-    slot.header.count = data.size();
-    slot.header.chunk_index = index;
-    slot.header.payload_bytes = range.count * sizeof(float);
-    slot.header.sender_rank = static_cast<uint32_t>(r);
-    slot.op.Set(&slot.header, sizeof(ChunkHeader), data.data() + range.offset,
-                range.count * sizeof(float));
-    right_[index % right_.size()]->PostSend(slot.op);
+    PostChunk(send_slots_[index], seq, op, data.size(), index, data.data() + range.offset,
+              range.count);
   };
   auto wait = [&](transport::Op& o, const char* what) {
     transport_->Wait(o, deadline, what, abort);

@@ -129,6 +129,10 @@ class Communicator {
     transport::Op op;
   };
 
+  // Fills slot's header for chunk `index` of collective `seq` (count elements in all) and
+  // posts header + `elems` floats of `payload` to the right neighbour.
+  void PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t count, uint64_t index,
+                 const float* payload, uint64_t elems);
   void CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op, uint64_t count,
                    uint64_t chunk_index, uint64_t payload_bytes) const;
 
