@@ -96,10 +96,11 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   const bool lead = env.rank == 0;
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
   if (lead) {
-    std::printf("# pipesgd bench allreduce: %d ranks, tcp x %d stream(s) per neighbour, chunk %llu "
-                "B, %d iterations after %d warm-up, times are means over ranks\n",
-                n, args.streams, static_cast<unsigned long long>(args.chunk_bytes), args.iters,
-                args.warmup);
+    const std::string chunk = args.chunk_bytes == 0 ? std::string("auto")
+                                                    : fmt::format("{} B", args.chunk_bytes);
+    std::printf("# pipesgd bench allreduce: %d ranks, tcp x %d stream(s) per neighbour, chunk %s, "
+                "%d iterations after %d warm-up, times are means over ranks\n",
+                n, args.streams, chunk.c_str(), args.iters, args.warmup);
     std::printf("#%63s%s\n", "out-of-place", "                          in-place");
     std::printf("# %10s %12s %6s %6s %9s %7s %7s %6s %s %9s %7s %7s %6s %s\n", "size(B)", "count",
                 "type", "redop", "time(us)", "algbw", "busbw", "#wrong",

@@ -21,7 +21,7 @@ struct AllReduceBenchArgs {
   bool check = false;                 // -c: verify exact sums, count wrong elements
   double link_gbps = 0;               // --link-gbps: link rate in Gbit/s (0 = not shown)
   std::string json_path;              // --json: the same rows as JSON
-  uint64_t chunk_bytes = 1 << 20;     // --chunk-bytes
+  uint64_t chunk_bytes = 1 << 20;     // --chunk-bytes (0 = auto)
   int streams = 1;                    // --streams: TCP connections per neighbour
   double timeout_s = 120;
   double start_timeout_s = 60;

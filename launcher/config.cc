@@ -337,6 +337,12 @@ void SetLeaf(const std::string& where, Message* message, const FieldDescriptor* 
     return;
   }
 
+  if (value == "auto" && field->containing_type() == config::Comm::descriptor() &&
+      field->number() == config::Comm::kChunkBytesFieldNumber) {
+    reflection->SetInt64(message, field, 0);  // the schema's spelling of auto
+    return;
+  }
+
   TextFormat::Parser parser;
   StringErrorCollector errors;
   parser.RecordErrorsTo(&errors);
@@ -508,6 +514,7 @@ struct IntRange {
   int64_t lo;
   std::optional<int64_t> hi;  // inclusive
   int64_t multiple_of = 1;
+  const char* zero_means = nullptr;  // when set, 0 is also accepted and means this
 };
 struct RealRange {
   double lo;
@@ -549,7 +556,7 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Train>(Train::kPipelineWidthFieldNumber), IntRange{1, 16}},
       {Field<Train>(Train::kMaxStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<Train>(Train::kProgressPerEpochFieldNumber), IntRange{0, 1000}},
-      {Field<Comm>(Comm::kChunkBytesFieldNumber), IntRange{1024, int64_t{1} << 30, 4}},
+      {Field<Comm>(Comm::kChunkBytesFieldNumber), IntRange{1024, int64_t{1} << 30, 4, "auto"}},
       {Field<Comm>(Comm::kStartTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
       {Field<Comm>(Comm::kTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
       {Field<Comm>(Comm::kStreamsFieldNumber), IntRange{1, 16}},
@@ -560,7 +567,9 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
 
 std::string Describe(const IntRange& rule) {
   if (rule.multiple_of != 1) {
-    return fmt::format("expected a multiple of {} in [{}, {}]", rule.multiple_of, rule.lo,
+    return fmt::format("expected {}a multiple of {} in [{}, {}]",
+                       rule.zero_means ? fmt::format("0 ({}) or ", rule.zero_means) : "",
+                       rule.multiple_of, rule.lo,
                        rule.hi.value_or(std::numeric_limits<int64_t>::max()));
   }
   if (rule.hi) return fmt::format("expected an integer in [{}, {}]", rule.lo, *rule.hi);
@@ -677,7 +686,8 @@ class Validator {
           PSGD_CHECK(!"integer rule on a non-integer field");
       }
       value = fmt::format("{}", v);
-      ok = v >= range->lo && (!range->hi || v <= *range->hi) && v % range->multiple_of == 0;
+      ok = (v == 0 && range->zero_means != nullptr) ||
+           (v >= range->lo && (!range->hi || v <= *range->hi) && v % range->multiple_of == 0);
       expected = Describe(*range);
     } else if (const auto* real_range = std::get_if<RealRange>(&rule->second)) {
       double v = 0;

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
 
   pipesgd::launcher::AllReduceBenchArgs bench;
   pipesgd::launcher::RunArgs bench_run;
-  std::string min_bytes = "4K", max_bytes = "64M";
+  std::string min_bytes = "4K", max_bytes = "64M", chunk_bytes = "1M";
   int bench_np = 0;
   auto* bench_cmd = app.add_subcommand("bench", "Benchmarks");
   bench_cmd->require_subcommand(1);
@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
   bench_ar->add_option("--link-gbps", bench.link_gbps,
                        "Link rate in Gbit/s: also print busbw as a share of it");
   bench_ar->add_option("--json", bench.json_path, "Write the rows as JSON to this file");
-  bench_ar->add_option("--chunk-bytes", bench.chunk_bytes, "Ring chunk size in bytes")
+  bench_ar->add_option("--chunk-bytes", chunk_bytes,
+                       "Ring chunk size in bytes (K, M suffixes), or auto")
       ->capture_default_str();
   bench_ar->add_option("--streams", bench.streams, "TCP connections per ring neighbour")
       ->check(CLI::Range(1, 16))
@@ -132,6 +133,7 @@ int main(int argc, char** argv) {
       pipesgd::InitLogging(false);
       bench.min_bytes = pipesgd::launcher::ParseBytes(min_bytes);
       bench.max_bytes = pipesgd::launcher::ParseBytes(max_bytes);
+      bench.chunk_bytes = chunk_bytes == "auto" ? 0 : pipesgd::launcher::ParseBytes(chunk_bytes);
       if (bench_np > 0) {
         bench_run.num_processes = bench_np;
         bench_run.worker_command = pipesgd::launcher::AllReduceBenchWorkerCommand(bench);

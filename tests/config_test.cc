@@ -243,7 +243,7 @@ TEST_F(ConfigTest, EveryViolationIsReported) {
                                        "comm { chunk_bytes: 1026 }\n");
   EXPECT_THAT(message, AllOf(HasSubstr(":2:9: train.batch_size = 0"),
                              HasSubstr(":2:23: train.epochs = 0"),
-                             HasSubstr(":3:8: comm.chunk_bytes = 1026: expected a multiple of 4 in "
+                             HasSubstr(":3:8: comm.chunk_bytes = 1026: expected 0 (auto) or a multiple of 4 in "
                                        "[1024, 1073741824]")));
 }
 
@@ -335,7 +335,7 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"data.train_limit=100", true}, RangeCase{"data.train_limit=-1", false},
         RangeCase{"data.test_limit=-1", false}, RangeCase{"data.train_images=", false},
         RangeCase{"data.test_labels=\"\"", false}, RangeCase{"comm.chunk_bytes=1024", true}, RangeCase{"comm.streams=0", false}, RangeCase{"comm.streams=16", true}, RangeCase{"comm.streams=17", false}, RangeCase{"comm.chunk_bytes=1020", false}, RangeCase{"comm.chunk_bytes=4", false},
-        RangeCase{"comm.chunk_bytes=1073741824", true}, RangeCase{"comm.chunk_bytes=0", false},
+        RangeCase{"comm.chunk_bytes=1073741824", true}, RangeCase{"comm.chunk_bytes=0", true}, RangeCase{"comm.chunk_bytes=auto", true}, RangeCase{"comm.chunk_bytes=-4", false},
         RangeCase{"comm.chunk_bytes=6", false}, RangeCase{"comm.chunk_bytes=1073741828", false},
         RangeCase{"comm.start_timeout_s=0.5", true}, RangeCase{"comm.start_timeout_s=0", false},
         RangeCase{"comm.timeout_s=-1", false}, RangeCase{"comm.timeout_s=inf", false},

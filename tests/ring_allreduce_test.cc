@@ -185,6 +185,17 @@ TEST(RingAllReduce, ManyCallsReuseBuffersAndStayExact) {
   }
 }
 
+TEST(RingAllReduce, AutoChunkSizeIsExact) {
+  auto results = RunRanks(3, [](const RankContext& ctx) {
+    return CheckCounts(ctx, {0, 5, (1 << 20) + 3, 3 << 20},
+                       collective::CommunicatorOptions::kAutoChunkBytes);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    EXPECT_EQ(results[r].output, "") << "rank " << r;
+  }
+}
+
 TEST(RingAllReduce, MismatchedCountsFailWithBothValues) {
   auto results = RunRanks(2, [](const RankContext& ctx) {
     auto comm = Connect(ctx, 1 << 20);
@@ -247,6 +258,19 @@ TEST(RingPlan, BlocksPartitionTheBuffer) {
       EXPECT_EQ(next, count);
     }
   }
+}
+
+TEST(RingPlan, AutoChunkBytesAimsAtSixteenChunksPerBlock) {
+  using collective::AutoChunkBytes;
+  constexpr uint64_t KiB = 1024, MiB = 1024 * KiB;
+  EXPECT_EQ(AutoChunkBytes(0, 4), 256 * KiB);
+  EXPECT_EQ(AutoChunkBytes(1, 1), 256 * KiB);
+  EXPECT_EQ(AutoChunkBytes(1 << 20, 4), 256 * KiB);         // 4 MiB: 1 MiB blocks
+  EXPECT_EQ(AutoChunkBytes(3 << 22, 4), 512 * KiB);         // 48 MiB: 12 MiB blocks, 768 KiB -> 512
+  EXPECT_EQ(AutoChunkBytes(1 << 24, 4), 1 * MiB);           // 64 MiB: 16 MiB blocks
+  EXPECT_EQ(AutoChunkBytes(1ull << 26, 4), 4 * MiB);        // 256 MiB: 64 MiB blocks
+  EXPECT_EQ(AutoChunkBytes((1ull << 31) + 5, 4), 4 * MiB);  // 8 GiB: clamped
+  EXPECT_EQ(AutoChunkBytes(1ull << 26, 8), 2 * MiB);        // 256 MiB over 8: 32 MiB blocks
 }
 
 TEST(RingPlan, LargeCountIs64BitExact) {

@@ -1,6 +1,7 @@
 #include "core/collective/ring_allreduce.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "core/base/check.h"
@@ -37,6 +38,16 @@ Range RingPlan::Chunk(int block, uint64_t chunk) const {
   return {b.offset + offset, std::min(chunk_elems_, b.count - offset)};
 }
 
+uint64_t AutoChunkBytes(uint64_t count, int world_size) {
+  PSGD_CHECK_GE(world_size, 1);
+  constexpr uint64_t kMin = 256 << 10, kMax = 4 << 20;
+  const uint64_t block_bytes = count / static_cast<uint64_t>(world_size) * sizeof(float);
+  const uint64_t target = block_bytes / 16;
+  if (target <= kMin) return kMin;
+  if (target >= kMax) return kMax;
+  return std::bit_floor(target);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Communicator
 
@@ -45,9 +56,9 @@ std::unique_ptr<Communicator> Communicator::Create(
     const std::vector<std::string>& addresses, const CommunicatorOptions& options,
     Deadline deadline) {
   PSGD_CHECK_EQ(static_cast<int>(addresses.size()), world_size);
-  if (options.chunk_bytes < sizeof(float) || options.chunk_bytes % sizeof(float) != 0) {
-    Throw(ErrorCode::kInvalidArgument, "chunk_bytes = {}: expected a positive multiple of 4",
-          options.chunk_bytes);
+  if (options.chunk_bytes % sizeof(float) != 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "chunk_bytes = {}: expected a positive multiple of 4, or 0 (auto)", options.chunk_bytes);
   }
   if (options.streams < 1 || options.streams > 64) {
     Throw(ErrorCode::kInvalidArgument, "streams = {}: expected an integer in [1, 64]",
@@ -144,7 +155,10 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
   }
 
   const int r = rank_;
-  const RingPlan plan(data.size(), n, options_.chunk_bytes / sizeof(float));
+  const uint64_t chunk_bytes = options_.chunk_bytes != CommunicatorOptions::kAutoChunkBytes
+                                   ? options_.chunk_bytes
+                                   : AutoChunkBytes(data.size(), n);
+  const RingPlan plan(data.size(), n, chunk_bytes / sizeof(float));
   auto mod = [n](int x) { return ((x % n) + n) % n; };
   // The stream to the right is 2(N-1) ring steps; step k < N-1 is reduce-scatter step k,
   // step k >= N-1 all-gather step k-(N-1). Which block each step carries, as sent by this rank
@@ -173,7 +187,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
 
   // Grow the reusable buffers (only when a call is larger than any before).
   if (send_slots_.size() < total_sends) send_slots_.resize(total_sends);
-  const uint64_t max_chunk = std::min<uint64_t>(options_.chunk_bytes / sizeof(float),
+  const uint64_t max_chunk = std::min<uint64_t>(chunk_bytes / sizeof(float),
                                                 plan.Block(0).count);
   if (scratch_.size() < max_chunk) scratch_.resize(max_chunk);
 

@@ -82,8 +82,18 @@ struct ChunkHeader {
 };
 static_assert(sizeof(ChunkHeader) == 48);
 
+// Chunk size in bytes that `chunk_bytes = kAutoChunkBytes` picks for a collective of `count`
+// fp32 elements over `world_size` ranks: about 16 chunks per ring block (so a chunk's
+// reduction and forwarding hide behind the next chunk's transfer), rounded down to a power of
+// two and clamped to [256 KiB, 4 MiB]. Below 256 KiB the per-chunk wake-up costs more than the
+// overlap gains; above 4 MiB the pipeline fill (one chunk per ring) grows with nothing gained.
+// Measured on the emulated 1gbit lab: docs/results/allreduce_lab_1gbit.md.
+uint64_t AutoChunkBytes(uint64_t count, int world_size);
+
 struct CommunicatorOptions {
-  // Bytes per chunk; a multiple of 4 (whole floats), at least 4.
+  static constexpr uint64_t kAutoChunkBytes = 0;
+  // Bytes per chunk: a multiple of 4 (whole floats), at least 4; or kAutoChunkBytes, which
+  // sizes the chunks of each collective by AutoChunkBytes.
   uint64_t chunk_bytes = 1 << 20;
   // Parallel connections to each neighbour; chunk i of a stream travels on connection
   // i mod streams. One TCP flow often falls short of line rate on fast links; several share it.

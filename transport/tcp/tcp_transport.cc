@@ -47,6 +47,64 @@ void Complete(Op* op, std::exception_ptr error) {
   op->done = true;
 }
 
+// Storage for the one in-flight asio operation of a direction. Asio allocates each operation's
+// state through the handler's associated allocator, and from the heap when the operation is
+// started outside io_context::run (as the ring does); with this, steady-state sends and
+// receives make no heap allocation.
+class HandlerMemory {
+ public:
+  HandlerMemory() = default;
+  HandlerMemory(const HandlerMemory&) = delete;
+  HandlerMemory& operator=(const HandlerMemory&) = delete;
+
+  void* Allocate(size_t size) {
+    if (!in_use_ && size <= sizeof(storage_)) {
+      in_use_ = true;
+      return storage_;
+    }
+    return ::operator new(size);
+  }
+  void Deallocate(void* p) {
+    if (p == storage_) {
+      in_use_ = false;
+    } else {
+      ::operator delete(p);
+    }
+  }
+
+ private:
+  alignas(std::max_align_t) unsigned char storage_[1024];
+  bool in_use_ = false;
+};
+
+template <typename T>
+struct HandlerAllocator {
+  using value_type = T;
+  explicit HandlerAllocator(HandlerMemory* m) noexcept : memory(m) {}
+  template <typename U>
+  HandlerAllocator(const HandlerAllocator<U>& other) noexcept : memory(other.memory) {}
+  T* allocate(size_t n) { return static_cast<T*>(memory->Allocate(sizeof(T) * n)); }
+  void deallocate(T* p, size_t) noexcept { memory->Deallocate(p); }
+  template <typename U>
+  bool operator==(const HandlerAllocator<U>& other) const noexcept { return memory == other.memory; }
+
+  HandlerMemory* memory;
+};
+
+// A completion handler that asio allocates its operation state for from `memory`.
+template <typename F>
+struct WithHandlerMemory {
+  using allocator_type = HandlerAllocator<void>;
+  allocator_type get_allocator() const noexcept { return allocator_type(memory); }
+  template <typename... Args>
+  void operator()(Args&&... args) {
+    f(std::forward<Args>(args)...);
+  }
+
+  HandlerMemory* memory;
+  F f;
+};
+
 class TcpConnection final : public Connection {
  public:
   TcpConnection(TcpTransport& owner, tcp::socket socket, int self_rank, int peer_rank);
@@ -72,6 +130,8 @@ class TcpConnection final : public Connection {
   int peer_rank_;
   OpQueue send_;
   OpQueue recv_;
+  HandlerMemory send_memory_;
+  HandlerMemory recv_memory_;
   std::exception_ptr failed_;
 };
 
@@ -194,10 +254,11 @@ void TcpConnection::Start() {
     Complete(done, nullptr);
     Start<kSend>();
   };
+  using Handler = WithHandlerMemory<decltype(handler)>;
   if constexpr (kSend) {
-    asio::async_write(socket_, buffers, std::move(handler));
+    asio::async_write(socket_, buffers, Handler{&send_memory_, std::move(handler)});
   } else {
-    asio::async_read(socket_, buffers, std::move(handler));
+    asio::async_read(socket_, buffers, Handler{&recv_memory_, std::move(handler)});
   }
 }
 
