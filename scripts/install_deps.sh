@@ -18,6 +18,8 @@ PACKAGES=(
   dataset-fashion-mnist
   # tests and benchmarks: process tools, network namespaces and shaping, link measurement
   procps iproute2 iperf3
+  # cluster tests: key-only sshd in every lab node (scripts/lab sshd) and the ssh client
+  openssh-server openssh-client
   # benchmarks: peer libraries measured side by side (bench/peers/)
   libgloo-dev openmpi-bin libopenmpi-dev
 )

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Cluster tier: brings up a 4-node emulated lab (scripts/lab) with 1gbit links, runs a 4-rank
 # AllReduce with exact results across the namespaces (one rank per node), then a short width-2
-# training job across them, takes the lab down, and checks that nothing it made is left.
+# training job across them; caps the nodes' CPU (`lab cpu`) and checks a process started on a
+# node lands in its cgroup and is held to its share; starts a key-only sshd on every node
+# (`lab sshd`) and runs commands over ssh from node 0 on node 3; takes the lab down, and checks
+# that nothing it made is left (namespaces, route, cgroups, sshd processes, state).
 # Needs root and network namespaces; otherwise prints why and exits 77 (ctest: skipped).
+# sshd (openssh-server) is listed in scripts/install_deps.sh, so a missing sshd is a failure.
 # Usage: lab_test.sh PIPESGD_BINARY ALLREDUCE_CHECK_BINARY SOURCE_DIR
 set -uo pipefail
 PIPESGD="$1"; CHECK="$2"; SRC="$3"
@@ -14,6 +18,12 @@ if ! ip netns add "${LAB_PREFIX}-probe" 2>/dev/null; then
   echo "SKIPPED: cannot create network namespaces here"; exit 77
 fi
 ip netns del "${LAB_PREFIX}-probe"
+SSHD=$(command -v sshd || echo /usr/sbin/sshd)
+if [[ ! -x "$SSHD" ]] || ! command -v ssh >/dev/null; then
+  echo "FAIL: sshd or ssh not installed; scripts/install_deps.sh lists openssh-server and"
+  echo "      openssh-client: run it (or apt-get install openssh-server openssh-client)"
+  exit 1
+fi
 
 pids=()
 cleanup() {
@@ -56,10 +66,70 @@ acc=$(grep -oE "final test accuracy: [0-9.]+" "$tmp/out0" | awk '{print $4}')
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }' || fail "accuracy $acc after 300 steps, expected >= 0.75"
 echo "ok: width-2 training across the lab, accuracy $acc after 300 steps"
 
+# CPU caps: cgroup v1 cpu quota per node.
+CG="/sys/fs/cgroup/cpu/${LAB_PREFIX}"
+out=$("$LAB" cpu 0.5 0.5 2>&1) && fail "lab cpu accepted 2 shares for 4 nodes"
+grep -q "2 shares given for 4 nodes" <<< "$out" || fail "lab cpu with 2 shares for 4 nodes: unclear error: $out"
+out=$("$LAB" cpu 0.5x 2>&1) && fail "lab cpu accepted 0.5x"
+grep -q "'0.5x'" <<< "$out" || fail "lab cpu 0.5x: error does not name the bad value: $out"
+"$LAB" cpu 1 0.5 2 0.25 >/dev/null || fail "lab cpu 1 0.5 2 0.25"
+[[ "$(cat "$CG/n3/cpu.cfs_quota_us")" == 25000 ]] || fail "node 3 quota $(cat "$CG/n3/cpu.cfs_quota_us"), expected 25000"
+"$LAB" cpu 0.5 || fail "lab cpu 0.5"
+for i in 0 1 2 3; do
+  [[ "$(cat "$CG/n$i/cpu.cfs_quota_us")" == 50000 && "$(cat "$CG/n$i/cpu.cfs_period_us")" == 100000 ]] \
+    || fail "node $i: quota $(cat "$CG/n$i/cpu.cfs_quota_us") period $(cat "$CG/n$i/cpu.cfs_period_us"), expected 50000/100000"
+done
+"$LAB" exec 1 cat /proc/self/cgroup > "$tmp/cgroup" || fail "lab exec 1 cat /proc/self/cgroup"
+grep -qE "^[0-9]+:([^:]*,)?cpu(,[^:]*)?:/${LAB_PREFIX}/n1$" "$tmp/cgroup" \
+  || { cat "$tmp/cgroup"; fail "a process started with 'lab exec 1' is not in ${LAB_PREFIX}/n1's cpu cgroup"; }
+out=$("$LAB" status) || fail "lab status"
+grep -q "${LAB_PREFIX}-n1 .* cpu 0.5 " <<< "$out" || { echo "$out"; fail "lab status does not show cpu 0.5"; }
+# A busy loop of 1.5 s wall on a node capped at 0.5 CPU gets at most about 0.75 s of CPU.
+# shellcheck disable=SC2016  # expanded by the inner bash
+"$LAB" exec 1 bash -c 'e=$(( ${EPOCHREALTIME/./} + 1500000 )); while (( ${EPOCHREALTIME/./} < e )); do :; done; times' \
+  > "$tmp/times" || fail "busy loop on node 1"
+cpu_s=$(head -1 "$tmp/times" | awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
+awk -v c="$cpu_s" 'BEGIN { exit !(c <= 1.0) }' || fail "a 1.5 s busy loop on a 0.5-CPU node used ${cpu_s} s of CPU"
+echo "ok: lab cpu 0.5: exec lands in the node's cgroup, quota 50000/100000, busy loop held to ${cpu_s} s CPU in 1.5 s"
+"$LAB" cpu none >/dev/null || fail "lab cpu none"
+[[ "$(cat "$CG/n1/cpu.cfs_quota_us")" == -1 ]] || fail "lab cpu none left quota $(cat "$CG/n1/cpu.cfs_quota_us")"
+
+# Key-only sshd on every node; ssh only from inside a node.
+"$LAB" sshd || fail "lab sshd"
+cfg=$("$LAB" ssh-config) || fail "lab ssh-config"
+ssh_dir=$(dirname "$cfg")
+sshd_pids=()
+for i in 0 1 2 3; do
+  [[ -s "$ssh_dir/n$i.pid" ]] || fail "no sshd pid file for node $i"
+  sshd_pids+=("$(cat "$ssh_dir/n$i.pid")")
+done
+"$LAB" exec 0 ssh -F "$cfg" lab3 cat /etc/hostname > "$tmp/ssh_out" 2> "$tmp/ssh_err" \
+  || { cat "$tmp/ssh_err"; fail "ssh from node 0 to lab3"; }
+[[ -s "$tmp/ssh_out" ]] || fail "ssh lab3 cat /etc/hostname printed nothing"
+addr3=$("$LAB" addr 3)
+"$LAB" exec 0 ssh -F "$cfg" lab3 ip -4 -o addr show dev eth0 > "$tmp/ssh_out" 2> "$tmp/ssh_err" \
+  || { cat "$tmp/ssh_err"; fail "ssh lab3 ip addr"; }
+grep -qF " ${addr3}/24 " "$tmp/ssh_out" || { cat "$tmp/ssh_out"; fail "ssh lab3 does not run on node 3 (${addr3})"; }
+"$LAB" exec 2 ssh -F "$cfg" "$("$LAB" addr 0)" cat /proc/self/cgroup > "$tmp/ssh_out" 2> "$tmp/ssh_err" \
+  || { cat "$tmp/ssh_err"; fail "ssh from node 2 to node 0 by address"; }
+grep -qE ":/${LAB_PREFIX}/n0$" "$tmp/ssh_out" || { cat "$tmp/ssh_out"; fail "a command run over ssh on node 0 is not in node 0's cgroup"; }
+# Only the lab's client key gets in.
+ssh-keygen -q -t ed25519 -N "" -f "$tmp/other_key" || fail "ssh-keygen"
+sed "s#IdentityFile .*#IdentityFile $tmp/other_key#" "$cfg" > "$tmp/other_config"
+if "$LAB" exec 0 ssh -F "$tmp/other_config" lab3 true 2>/dev/null; then fail "sshd accepted a key that is not the lab's"; fi
+echo "ok: lab sshd: key-only ssh from node 0 to lab3 runs on ${addr3}; other keys refused"
+
 "$LAB" down >/dev/null || fail "lab down"
 trap - EXIT
 left=$(ip netns list | grep -c "^${LAB_PREFIX}" || true)
 [[ "$left" -eq 0 ]] || fail "$left namespaces left behind"
-ip route | grep -q "${LAB_SUBNET}.0/24" && fail "blackhole route left behind"
+grep -q "${LAB_SUBNET}.0/24" <<< "$(ip route)" && fail "blackhole route left behind"
+for p in "${sshd_pids[@]}"; do
+  # A zombie waiting for init to reap it is not running.
+  st=$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null || true)
+  [[ -z "$st" || "$st" == Z ]] || fail "sshd pid $p still running after down"
+done
+[[ -e "$CG" ]] && fail "cgroup $CG left behind"
+[[ -e "/run/pipesgd-lab/${LAB_PREFIX}" || -e "/run/pipesgd-lab/${LAB_PREFIX}.subnet" ]] && fail "lab state left behind"
 rm -rf "$tmp"
-echo "ok: lab down, nothing left behind"
+echo "ok: lab down, nothing left behind (namespaces, route, sshd, cgroups, state)"
