@@ -23,6 +23,28 @@ bytes() { python3 -c "
 s='$1'; m={'K':1<<10,'M':1<<20,'G':1<<30}
 print(int(float(s[:-1])*m[s[-1].upper()]) if s[-1].upper() in m else int(s))"; }
 
+# plot_busbw CSV PNG RATE: busbw of each library against size, and the link's goodput.
+plot_busbw() {
+  command -v gnuplot > /dev/null || { echo "no gnuplot (apt-get install gnuplot-nox): no plot" >&2; return 0; }
+  gnuplot <<GP
+set terminal pngcairo size 900,560 font "sans,11"
+set output "$2"
+set datafile separator ","
+set key autotitle columnhead top left
+set logscale x 2
+set format x "%.0b%B"
+set xlabel "message size (bytes)"
+set ylabel "busbw (GB/s)"
+set yrange [0:*]
+set grid
+set title "AllReduce, 4 ranks on 4 namespace nodes, links shaped to $3"
+plot "$1" using 1:3 with linespoints lw 2 pt 7 title "pipesgd", \\
+     "" using 1:(\$8 > 0 ? \$8 : 1/0) with linespoints lw 2 pt 5 title "Gloo", \\
+     "" using 1:(\$9 > 0 ? \$9 : 1/0) with linespoints lw 2 pt 9 title "Open MPI", \\
+     "" using 1:10 with lines dt 2 lw 2 title "iperf3 goodput"
+GP
+}
+
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; scripts/lab down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
@@ -92,7 +114,8 @@ def peer(name, present):
                 times[int(f[0])] = float(f[4])
     return times
 gloo, mpi = peer("gloo", have_gloo), peer("mpi", have_mpi)
-csv = ["size_bytes,pipesgd_time_us,pipesgd_busbw_gbs,pipesgd_busbw_share_of_goodput,gloo_time_us,mpi_time_us,pipesgd_over_best_peer"]
+csv = ["size_bytes,pipesgd_time_us,pipesgd_busbw_gbs,pipesgd_busbw_share_of_goodput,gloo_time_us,mpi_time_us,pipesgd_over_best_peer,gloo_busbw_gbs,mpi_busbw_gbs,goodput_gbs"]
+busbw = lambda size, us: f"{size / (us * 1e3) * 2 * 3 / 4:.4f}" if us else ""  # 4 ranks
 md = ["| size | pipesgd time (us) | busbw (GB/s) | % of goodput | Gloo time (us) | Open MPI time (us) | pipesgd / best peer |",
       "|---:|---:|---:|---:|---:|---:|---:|"]
 fmt = lambda v: f"{v:.1f}" if v else "n/a"
@@ -103,13 +126,15 @@ for r in rows:
     g, m = gloo.get(size), mpi.get(size)
     peers = [v for v in (g, m) if v]
     ratio = f"{t / min(peers):.2f}" if peers else "n/a"
-    csv.append(f"{size},{t:.1f},{bw:.4f},{share:.1f},{g or ''},{m or ''},{ratio}")
+    csv.append(f"{size},{t:.1f},{bw:.4f},{share:.1f},{g or ''},{m or ''},{ratio},"
+               f"{busbw(size, g)},{busbw(size, m)},{goodput / 8:.4f}")
     md.append(f"| {size} | {t:.1f} | {bw:.4f} | {share:.1f} | {fmt(g)} | {fmt(m)} | {ratio} |")
 open(f"{out}.csv", "w").write("\n".join(csv) + "\n")
 text = [f"# AllReduce on the emulated 4-node lab, links shaped to {rate}", "",
         f"Measured {datetime.date.today()} on a 2-core Debian 12 machine: 4 network namespaces on a bridge,",
         f"each node's link shaped by tc tbf to {rate}, one rank per node, TCP. Command:", "",
         "```", f"bench/compare_allreduce.sh {rate} {lo} {hi}", "```", "",
+        f"![busbw against size]({out.split('/')[-1]}.png)", "",
         f"Link goodput (iperf3, one TCP flow, node 1 -> node 0, 10 s): **{goodput} Gbit/s**.",
         "pipesgd columns are its in-place AllReduce (`pipesgd bench allreduce`, mean over ranks of",
         "5 iterations after 1 warm-up); Gloo is `gloo::allreduce` over its TCP transport, timed the same",
@@ -123,5 +148,6 @@ for name, present in (("gloo", have_gloo), ("mpi", have_mpi)):
 text += ["```"]
 open(f"{out}.md", "w").write("\n".join(text) + "\n")
 PY
+plot_busbw "$OUT.csv" "$OUT.png" "$RATE"
 rm -rf "$tmp"
-echo "wrote $OUT.md, $OUT.csv and $OUT.json"
+echo "wrote $OUT.md, $OUT.csv, $OUT.json and $OUT.png"

@@ -60,7 +60,8 @@ std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a
                                   "-e", std::to_string(a.max_bytes), "-f", fmt::format("{}", a.factor),
                                   "-n", std::to_string(a.iters), "-w", std::to_string(a.warmup),
                                   "--chunk-bytes", std::to_string(a.chunk_bytes),
-                                  "--streams", std::to_string(a.streams)};
+                                  "--streams", std::to_string(a.streams),
+                                  "--compression", a.compression};
   if (a.check) cmd.push_back("-c");
   if (a.link_gbps > 0) {
     cmd.push_back("--link-gbps");
@@ -85,6 +86,8 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   collective::CommunicatorOptions options;
   options.chunk_bytes = args.chunk_bytes;
   options.streams = args.streams;
+  options.codec.kind = ParseCodecKind(args.compression);
+  const bool compressed = options.codec.kind != CodecKind::kNone;
   auto comm = ConnectRing(
       env,
       fmt::format("pipesgd " PIPESGD_VERSION " bench allreduce {}",
@@ -99,13 +102,17 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
     const std::string chunk = args.chunk_bytes == 0 ? std::string("auto")
                                                     : fmt::format("{} B", args.chunk_bytes);
     std::printf("# pipesgd bench allreduce: %d ranks, tcp x %d stream(s) per neighbour, chunk %s, "
-                "%d iterations after %d warm-up, times are means over ranks\n",
-                n, args.streams, chunk.c_str(), args.iters, args.warmup);
+                "compression %s, %d iterations after %d warm-up, times are means over ranks\n",
+                n, args.streams, chunk.c_str(), args.compression.c_str(), args.iters, args.warmup);
+    if (compressed) {
+      std::printf("# sizes, algbw and busbw count float32 bytes; 'none(us)' is the same in-place "
+                  "call uncompressed, 'speedup' = none(us) / in-place time(us)\n");
+    }
     std::printf("#%63s%s\n", "out-of-place", "                          in-place");
-    std::printf("# %10s %12s %6s %6s %9s %7s %7s %6s %s %9s %7s %7s %6s %s\n", "size(B)", "count",
+    std::printf("# %10s %12s %6s %6s %9s %7s %7s %6s %s %9s %7s %7s %6s %s%s\n", "size(B)", "count",
                 "type", "redop", "time(us)", "algbw", "busbw", "#wrong",
                 args.link_gbps > 0 ? "%link" : "", "time(us)", "algbw", "busbw", "#wrong",
-                args.link_gbps > 0 ? "%link" : "");
+                args.link_gbps > 0 ? "%link" : "", compressed ? "  none(us) speedup" : "");
     std::printf("# %10s %12s %6s %6s %9s %7s %7s %6s %s %9s %7s %7s\n", "", "(elements)", "", "",
                 "", "(GB/s)", "(GB/s)", "", args.link_gbps > 0 ? "     " : "", "", "(GB/s)", "(GB/s)");
   }
@@ -114,23 +121,28 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   double busbw_total = 0;
   int busbw_count = 0;
   std::vector<float> input, output;
+  const std::unique_ptr<Codec> codec = compressed ? MakeCodec(options.codec) : nullptr;
   for (double size = static_cast<double>(args.min_bytes); size <= args.max_bytes * 1.0000001;
        size = std::max(size * args.factor, size + 4)) {
     const uint64_t count = static_cast<uint64_t>(size) / sizeof(float);
     const uint64_t bytes = count * sizeof(float);
     input.assign(count, 0.0f);
     output.assign(count, 0.0f);
-    Result results[2];
-    for (int in_place = 0; in_place < 2; ++in_place) {
+    Result results[3];
+    // Pass 0 out-of-place, 1 in-place, 2 (with --compression) in-place uncompressed.
+    for (int pass = 0; pass < (compressed ? 3 : 2); ++pass) {
+      const bool in_place = pass > 0;
+      collective::AllReduceOptions call;
+      call.compress = pass < 2;
       auto refill = [&] {
         for (uint64_t i = 0; i < count; ++i) input[i] = Pattern(env.rank, i);
       };
       auto once = [&] {
         if (in_place) {
-          comm->AllReduce(input, ReduceOp::kSum, deadline());
+          comm->AllReduce(input, ReduceOp::kSum, deadline(), nullptr, call);
         } else {
           std::memcpy(output.data(), input.data(), bytes);
-          comm->AllReduce(output, ReduceOp::kSum, deadline());
+          comm->AllReduce(output, ReduceOp::kSum, deadline(), nullptr, call);
         }
       };
       refill();
@@ -146,18 +158,29 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
         refill();
         once();
         const std::vector<float>& result = in_place ? input : output;
-        for (uint64_t i = 0; i < count; ++i) wrong += result[i] != Expected(n, i);
+        if (codec && call.compress) {
+          // Every partial sum lies in [0, M]; N encodes of at most the bound each.
+          const double m = Expected(n, 96);
+          const double bound = n * codec->ErrorBound(m, 0, m);
+          for (uint64_t i = 0; i < count; ++i) {
+            wrong += std::fabs(static_cast<double>(result[i]) - Expected(n, i)) > bound;
+          }
+        } else {
+          for (uint64_t i = 0; i < count; ++i) wrong += result[i] != Expected(n, i);
+        }
       }
       // Mean time over ranks; wrong elements summed over ranks (exact below 2^24).
       float stats[2] = {static_cast<float>(seconds), static_cast<float>(wrong)};
       comm->AllReduce(std::span<float>(stats, 2), ReduceOp::kSum, deadline());
-      Result& r = results[in_place];
+      Result& r = results[pass];
       r.time_us = stats[0] / n * 1e6;
       r.algbw = r.time_us > 0 ? bytes / (r.time_us * 1e-6) / 1e9 : 0;
       r.busbw = r.algbw * bus_factor;
       r.wrong = args.check ? static_cast<int64_t>(stats[1]) : -1;
-      busbw_total += r.busbw;
-      ++busbw_count;
+      if (pass < 2) {
+        busbw_total += r.busbw;
+        ++busbw_count;
+      }
     }
     if (lead) {
       auto link = [&](const Result& r) {
@@ -167,12 +190,16 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
       auto wrong = [&](const Result& r) {
         return r.wrong < 0 ? std::string("N/A") : std::to_string(r.wrong);
       };
-      std::printf("  %10llu %12llu %6s %6s %9.1f %7.3f %7.3f %6s%s %9.1f %7.3f %7.3f %6s%s\n",
+      const std::string speedup =
+          compressed ? fmt::format(" {:9.1f} {:7.2f}", results[2].time_us,
+                                   results[1].time_us > 0 ? results[2].time_us / results[1].time_us : 0.0)
+                     : std::string();
+      std::printf("  %10llu %12llu %6s %6s %9.1f %7.3f %7.3f %6s%s %9.1f %7.3f %7.3f %6s%s%s\n",
                   static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
                   "float", "sum", results[0].time_us, results[0].algbw, results[0].busbw,
                   wrong(results[0]).c_str(), link(results[0]).c_str(), results[1].time_us,
                   results[1].algbw, results[1].busbw, wrong(results[1]).c_str(),
-                  link(results[1]).c_str());
+                  link(results[1]).c_str(), speedup.c_str());
       std::fflush(stdout);
       auto as_json = [&](const Result& r) {
         nlohmann::json j = {{"time_us", r.time_us}, {"algbw_gbs", r.algbw}, {"busbw_gbs", r.busbw}};
@@ -180,9 +207,16 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
         if (args.link_gbps > 0) j["busbw_link_share"] = r.busbw * 8 / args.link_gbps;
         return j;
       };
-      rows.push_back({{"size_bytes", bytes}, {"count", count}, {"type", "float"},
-                      {"redop", "sum"}, {"ranks", n}, {"out_of_place", as_json(results[0])},
-                      {"in_place", as_json(results[1])}});
+      nlohmann::json row = {{"size_bytes", bytes}, {"count", count}, {"type", "float"},
+                            {"redop", "sum"}, {"ranks", n}, {"compression", args.compression},
+                            {"out_of_place", as_json(results[0])},
+                            {"in_place", as_json(results[1])}};
+      if (compressed) {
+        row["in_place_uncompressed"] = as_json(results[2]);
+        row["speedup_over_none"] =
+            results[1].time_us > 0 ? results[2].time_us / results[1].time_us : 0.0;
+      }
+      rows.push_back(std::move(row));
     }
     if (count == 0 && args.max_bytes == 0) break;
   }

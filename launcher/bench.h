@@ -4,6 +4,7 @@
 //   busbw = algbw * 2(n-1)/n (the bytes each rank really moves over its link, per second)
 // in GB/s (10^9 bytes). Out-of-place (input copied to a separate output, then reduced in place:
 // the copy is timed) and in-place. With --link-gbps R, busbw is also shown as a share of R.
+// With --compression X, the sizes and bandwidths are those of the uncompressed float32 data.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,10 @@ struct AllReduceBenchArgs {
   std::string json_path;              // --json: the same rows as JSON
   uint64_t chunk_bytes = 1 << 20;     // --chunk-bytes (0 = auto)
   int streams = 1;                    // --streams: TCP connections per neighbour
+  // --compression: codec on the wire. algbw/busbw stay counted on the float32 size; an extra
+  // pass times the same in-place call uncompressed for the speedup column; -c then counts
+  // elements off by more than the codec's bound (Communicator::AllReduce).
+  std::string compression = "none";
   double timeout_s = 120;
   double start_timeout_s = 60;
 };

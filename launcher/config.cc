@@ -560,6 +560,8 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Comm>(Comm::kStartTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
       {Field<Comm>(Comm::kTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
       {Field<Comm>(Comm::kStreamsFieldNumber), IntRange{1, 16}},
+      {Field<Comm>(Comm::kWarmupStepsFieldNumber), IntRange{0, std::nullopt}},
+      {Field<Comm>(Comm::kMinBytesFieldNumber), IntRange{0, std::nullopt}},
       // seed: any uint64; transport: the parser admits only declared enum values.
   };
   return rules;
@@ -605,6 +607,8 @@ class Validator {
       CheckModel(static_cast<const config::Model&>(message), steps);
     } else if (type == config::Layer::descriptor()) {
       CheckLayer(static_cast<const config::Layer&>(message), steps);
+    } else if (type == config::Comm::descriptor()) {
+      CheckComm(static_cast<const config::Comm&>(message), steps);
     }
 
     const Reflection* reflection = message.GetReflection();
@@ -653,6 +657,22 @@ class Validator {
                                  PathString(*steps), layer.ShortDebugString()));
       steps->pop_back();
     }
+  }
+
+  // A rounding option that the chosen codec does not use is a mistake, not a no-op.
+  void CheckComm(const config::Comm& comm, std::vector<Step>* steps) {
+    auto check = [&](int number, bool set, config::Comm::Compression needs) {
+      if (!set || comm.compression() == needs) return;
+      steps->push_back({Field<config::Comm>(number), -1});
+      Report(*steps, fmt::format("{} = true: applies only to compression: {} (compression is {})",
+                                 PathString(*steps), config::Comm::Compression_Name(needs),
+                                 config::Comm::Compression_Name(comm.compression())));
+      steps->pop_back();
+    };
+    check(config::Comm::kRoundToNearestEvenFieldNumber, comm.round_to_nearest_even(),
+          config::Comm::trunc16);
+    check(config::Comm::kStochasticRoundingFieldNumber, comm.stochastic_rounding(),
+          config::Comm::q8);
   }
 
   void CheckLayer(const config::Layer& layer, std::vector<Step>* steps) {

@@ -100,6 +100,10 @@ int main(int argc, char** argv) {
   bench_ar->add_option("--chunk-bytes", chunk_bytes,
                        "Ring chunk size in bytes (K, M suffixes), or auto")
       ->capture_default_str();
+  bench_ar->add_option("--compression", bench.compression,
+                       "Codec on the wire: none, trunc16, fp16 or q8 (sizes stay float32)")
+      ->check(CLI::IsMember({"none", "trunc16", "fp16", "q8"}))
+      ->capture_default_str();
   bench_ar->add_option("--streams", bench.streams, "TCP connections per ring neighbour")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();

@@ -282,6 +282,16 @@ void RunWorker(const WorkerArgs& args) {
   collective::CommunicatorOptions comm_options;
   comm_options.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
   comm_options.streams = comm_cfg.streams();
+  static_assert(static_cast<int>(CodecKind::kTrunc16) == config::Comm::trunc16 &&
+                static_cast<int>(CodecKind::kFp16) == config::Comm::fp16 &&
+                static_cast<int>(CodecKind::kQ8) == config::Comm::q8 &&
+                static_cast<int>(CodecKind::kNone) == config::Comm::none);
+  comm_options.codec.kind = static_cast<CodecKind>(comm_cfg.compression());
+  comm_options.codec.round_to_nearest_even = comm_cfg.round_to_nearest_even();
+  comm_options.codec.stochastic_rounding = comm_cfg.stochastic_rounding();
+  comm_options.codec.seed = train_cfg.seed();
+  comm_options.compression_min_bytes = static_cast<uint64_t>(comm_cfg.min_bytes());
+  comm_options.error_feedback = comm_cfg.error_feedback();
   auto comm = ConnectRing(env, JobDescription(job), comm_options,
                           Deadline::After(comm_cfg.start_timeout_s()),
                           fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
@@ -290,7 +300,8 @@ void RunWorker(const WorkerArgs& args) {
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
                            train_cfg.weight_decay()},
                           params.size());
-  train::Trainer trainer(*comm, task, sgd, params, {width, comm_cfg.timeout_s()});
+  train::Trainer trainer(*comm, task, sgd, params,
+                         {width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
 
 
   const int epochs = train_cfg.epochs();
@@ -300,6 +311,7 @@ void RunWorker(const WorkerArgs& args) {
   const int progress = train_cfg.progress_per_epoch();
   const auto train_start = Clock::now();
   float final_accuracy = 0;
+  train::WireTotals wire_before;  // at the start of the epoch
   try {
     for (int epoch = 0; epoch < epochs && trainer.steps() < max_steps; ++epoch) {
       const auto epoch_start = Clock::now();
@@ -326,6 +338,17 @@ void RunWorker(const WorkerArgs& args) {
       double loss_sum = 0;
       for (int64_t t = first; t < last; ++t) loss_sum += trainer.StepLoss(t);
       const double train_loss = loss_sum / static_cast<double>(last - first);
+      // Bytes this rank put on the wire per gradient AllReduce during the epoch.
+      const train::WireTotals wire = trainer.wire_totals();
+      const int64_t wire_steps = std::max<int64_t>(1, wire.steps - wire_before.steps);
+      const double wire_bytes_per_step =
+          static_cast<double>(wire.bytes_sent - wire_before.bytes_sent) / wire_steps;
+      const uint64_t payload = wire.payload_bytes - wire_before.payload_bytes;
+      const double compression_ratio =
+          payload == 0 ? 1.0
+                       : static_cast<double>(wire.raw_payload_bytes - wire_before.raw_payload_bytes) /
+                             payload;
+      wire_before = wire;
 
       layers::EvalResult local = task.EvaluateShard(params, test_set, env.rank, env.world_size);
       std::vector<float> sums = {static_cast<float>(local.loss_sum),
@@ -339,8 +362,9 @@ void RunWorker(const WorkerArgs& args) {
       const double wall_s = Seconds(train_start);
       if (lead) {
         PSGD_LOG_INFO("epoch {}/{}: train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.4f}  "
-                      "{:.0f} samples/s  wall {:.1f} s",
-                      epoch + 1, epochs, train_loss, test_loss, accuracy, samples_per_s, wall_s);
+                      "{:.0f} samples/s  wall {:.1f} s  wire {:.3f} MB/step (compression {:.2f}x)",
+                      epoch + 1, epochs, train_loss, test_loss, accuracy, samples_per_s, wall_s,
+                      wire_bytes_per_step / 1e6, compression_ratio);
         if (out) {
           out->AppendMetrics({{"epoch", epoch + 1},
                               {"steps", last},
@@ -348,7 +372,9 @@ void RunWorker(const WorkerArgs& args) {
                               {"test_loss", test_loss},
                               {"test_accuracy", accuracy},
                               {"samples_per_s", samples_per_s},
-                              {"wall_s", wall_s}});
+                              {"wall_s", wall_s},
+                              {"wire_bytes_per_step", wire_bytes_per_step},
+                              {"compression_ratio", compression_ratio}});
         }
       }
     }
@@ -382,6 +408,9 @@ void RunWorker(const WorkerArgs& args) {
                                 {"world_size", env.world_size},
                                 {"pipeline_width", width},
                                 {"transport", "tcp"},
+                                {"wire_bytes", trainer.wire_totals().bytes_sent},
+                                {"compressed_steps", trainer.wire_totals().compressed_steps},
+                                {"saturated_elements", trainer.wire_totals().saturated},
                                 {"config", ConfigAsJson(job)}};
       out->WriteSummary(summary);
     }

@@ -113,6 +113,49 @@ TEST_P(MainJob, ReachesAccuracyWithinThreeEpochs) {
 
 INSTANTIATE_TEST_SUITE_P(Widths, MainJob, ::testing::Values(1, 2));
 
+// The main job with compression, width 2, same seed and epochs: final test accuracy within 0.5
+// points of the uncompressed run, and the wire carries 2x (trunc16) or ~4x (q8) fewer bytes.
+TEST(CompressedMainJob, AccuracyWithinHalfAPointOfUncompressed) {
+  struct Run {
+    std::vector<std::string> sets;
+    double accuracy = 0;
+    double ratio = 0;
+  };
+  std::vector<Run> runs = {{{"comm.compression=none"}},
+                           {{"comm.compression=trunc16"}},
+                           {{"comm.compression=q8", "comm.error_feedback=true"}}};
+  for (Run& run : runs) {
+    TempDir dir;
+    std::vector<std::string> argv = {kBinary, "run", "-np", "4", kConfig, "--out", dir.path("out")};
+    for (const auto& s : run.sets) {
+      argv.push_back("--set");
+      argv.push_back(s);
+    }
+    auto r = RunCommand(argv, {}, 600);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::ifstream summary_file(dir.path("out/summary.json"));
+    auto summary = nlohmann::json::parse(summary_file);
+    run.accuracy = summary.at("final_test_accuracy").get<double>();
+    EXPECT_EQ(summary.at("saturated_elements"), 0);
+    std::ifstream metrics(dir.path("out/metrics.jsonl"));
+    std::string line;
+    while (std::getline(metrics, line)) {
+      run.ratio = nlohmann::json::parse(line).at("compression_ratio").get<double>();
+    }
+    std::printf("%s: final test accuracy %.4f, compression %.3fx\n", run.sets[0].c_str(),
+                run.accuracy, run.ratio);
+  }
+  EXPECT_EQ(runs[0].ratio, 1.0);
+  // trunc16 halves every gradient byte; only the loss element (the exact tail) stays float32.
+  EXPECT_NEAR(runs[1].ratio, 2.0, 1e-4);
+  // q8: 4n bytes become 8 + n per chunk (n <= 2^18 elements per 1 MiB chunk).
+  EXPECT_GT(runs[2].ratio, 3.99);
+  EXPECT_LT(runs[2].ratio, 4.0);
+  for (size_t i = 1; i < runs.size(); ++i) {
+    EXPECT_NEAR(runs[i].accuracy, runs[0].accuracy, 0.005) << runs[i].sets[0];
+  }
+}
+
 // --- bad input -----------------------------------------------------------------------------
 
 void ExpectError(const CommandResult& r, const std::vector<std::string>& needles) {

@@ -247,6 +247,33 @@ TEST_F(ConfigTest, EveryViolationIsReported) {
                                        "[1024, 1073741824]")));
 }
 
+TEST_F(ConfigTest, CompressionSettings) {
+  config::Job job = LoadJobConfig(
+      Write(std::string(kModel) + "comm { compression: q8 error_feedback: true warmup_steps: 10 }\n"),
+      {"comm.min_bytes=0", "comm.stochastic_rounding=true"});
+  EXPECT_EQ(job.comm().compression(), config::Comm::q8);
+  EXPECT_TRUE(job.comm().error_feedback());
+  EXPECT_EQ(job.comm().warmup_steps(), 10);
+  EXPECT_EQ(job.comm().min_bytes(), 0);
+  EXPECT_TRUE(job.comm().stochastic_rounding());
+  EXPECT_EQ(LoadJobConfig(Write(kModel), {"comm.compression=trunc16"}).comm().compression(),
+            config::Comm::trunc16);
+  EXPECT_EQ(LoadJobConfig(Write(kModel), {}).comm().compression(), config::Comm::none);
+  EXPECT_EQ(LoadJobConfig(Write(kModel), {"comm.chunk_bytes=auto"}).comm().chunk_bytes(), 0);
+  // A rounding option the codec does not use is reported at its line and column.
+  EXPECT_THAT(InvalidMessage(std::string(kModel) +
+                             "comm { compression: fp16\n round_to_nearest_even: true }\n"),
+              HasSubstr(":3:2: comm.round_to_nearest_even = true: applies only to compression: "
+                        "trunc16 (compression is fp16)"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm { stochastic_rounding: true }\n"),
+              HasSubstr("comm.stochastic_rounding = true: applies only to compression: q8 "
+                        "(compression is none)"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm { compression: q4 }\n"),
+              HasSubstr("q4"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm { warmup_steps: -1 }\n"),
+              HasSubstr("comm.warmup_steps = -1: expected an integer >= 0"));
+}
+
 TEST_F(ConfigTest, EmptyModelIsRejected) {
   std::string path = Write("model {}\ntrain { epochs: 1 }\n");
   EXPECT_STREQ(LoadError(path).what(),

@@ -6,16 +6,21 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
+#include "core/base/log.h"
 
 namespace pipesgd::collective {
 
 // ---------------------------------------------------------------------------------------------
 // RingPlan
 
-RingPlan::RingPlan(uint64_t count, int world_size, uint64_t chunk_elems)
-    : count_(count), world_size_(world_size), chunk_elems_(chunk_elems) {
+RingPlan::RingPlan(uint64_t count, int world_size, uint64_t chunk_elems, uint64_t split)
+    : count_(count),
+      world_size_(world_size),
+      chunk_elems_(chunk_elems),
+      split_(split == UINT64_MAX ? count : split) {
   PSGD_CHECK_GE(world_size, 1);
   PSGD_CHECK_GE(chunk_elems, 1u);
+  PSGD_CHECK_LE(split_, count);
 }
 
 Range RingPlan::Block(int block) const {
@@ -27,14 +32,28 @@ Range RingPlan::Block(int block) const {
   return {b * base + std::min(b, extra), base + (b < extra ? 1 : 0)};
 }
 
+uint64_t RingPlan::HeadOf(const Range& block) const {
+  if (split_ <= block.offset) return 0;
+  return std::min(block.count, split_ - block.offset);
+}
+
 uint64_t RingPlan::ChunksInBlock(int block) const {
-  return (Block(block).count + chunk_elems_ - 1) / chunk_elems_;
+  const Range b = Block(block);
+  const uint64_t head = HeadOf(b);
+  auto chunks = [&](uint64_t elems) { return (elems + chunk_elems_ - 1) / chunk_elems_; };
+  return chunks(head) + chunks(b.count - head);
 }
 
 Range RingPlan::Chunk(int block, uint64_t chunk) const {
-  Range b = Block(block);
+  const Range b = Block(block);
   PSGD_CHECK_LT(chunk, ChunksInBlock(block));
-  uint64_t offset = chunk * chunk_elems_;
+  const uint64_t head = HeadOf(b);
+  const uint64_t head_chunks = (head + chunk_elems_ - 1) / chunk_elems_;
+  if (chunk < head_chunks) {
+    const uint64_t offset = chunk * chunk_elems_;
+    return {b.offset + offset, std::min(chunk_elems_, head - offset)};
+  }
+  const uint64_t offset = head + (chunk - head_chunks) * chunk_elems_;
   return {b.offset + offset, std::min(chunk_elems_, b.count - offset)};
 }
 
@@ -65,6 +84,7 @@ std::unique_ptr<Communicator> Communicator::Create(
           options.streams);
   }
   std::unique_ptr<Communicator> comm(new Communicator());
+  if (options.codec.kind != CodecKind::kNone) comm->codec_ = MakeCodec(options.codec);
   comm->rank_ = transport->rank();
   comm->world_size_ = world_size;
   comm->options_ = options;
@@ -93,7 +113,7 @@ Communicator::~Communicator() {
 }
 
 void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op,
-                               uint64_t count, uint64_t chunk_index,
+                               uint64_t count, uint64_t chunk_index, CodecKind codec,
                                uint64_t payload_bytes) const {
   const int left = left_[0]->peer_rank();
   if (got.magic != ChunkHeader::kMagic || got.version != ChunkHeader::kVersion) {
@@ -115,41 +135,84 @@ void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op
   }
   if (got.count != count) mismatch("count (elements)", got.count, count);
   if (got.chunk_index != chunk_index) mismatch("chunk index", got.chunk_index, chunk_index);
+  if (got.codec != static_cast<uint8_t>(codec)) {
+    mismatch(fmt::format("compression of chunk {}", chunk_index).c_str(),
+             CodecName(static_cast<CodecKind>(got.codec)), CodecName(codec));
+  }
   if (got.payload_bytes != payload_bytes) mismatch("chunk bytes", got.payload_bytes, payload_bytes);
 }
 
 void Communicator::PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t count,
-                             uint64_t index, const float* payload, uint64_t elems) {
+                             uint64_t index, CodecKind codec, const void* payload,
+                             uint64_t bytes) {
   slot.header = ChunkHeader{};
   slot.header.op = static_cast<uint8_t>(op);
   slot.header.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  slot.header.codec = static_cast<uint8_t>(codec);
   slot.header.seq = seq;
   slot.header.count = count;
   slot.header.chunk_index = index;
-  slot.header.payload_bytes = elems * sizeof(float);
+  slot.header.payload_bytes = bytes;
   slot.header.sender_rank = static_cast<uint32_t>(rank_);
-  slot.op.Set(&slot.header, sizeof(ChunkHeader), payload, elems * sizeof(float));
+  slot.op.Set(&slot.header, sizeof(ChunkHeader), payload, bytes);
+  stats_.chunks_sent += 1;
+  stats_.bytes_sent += sizeof(ChunkHeader) + bytes;
+  stats_.payload_bytes += bytes;
   // Chunk i travels on stream i mod k.
   right_[index % right_.size()]->PostSend(slot.op);
 }
 
+void Communicator::ApplyErrorFeedback(std::span<float> data, const RingPlan& plan, uint64_t head,
+                                      uint64_t seq) {
+  if (residual_.size() != head) {
+    if (!residual_.empty()) {
+      PSGD_LOG_WARN("rank {}: error feedback: the compressed size changed from {} to {} elements; "
+                    "the residual restarts from zero",
+                    rank_, residual_.size(), head);
+    }
+    residual_.assign(head, 0.0f);
+  }
+  std::byte* encoded = send_arena_.data();  // free until the ring starts
+  for (int b = 0; b < world_size_; ++b) {
+    for (uint64_t c = 0; c < plan.ChunksInBlock(b); ++c) {
+      const Range range = plan.Chunk(b, c);
+      if (range.offset >= head) continue;
+      std::span<float> x = data.subspan(range.offset, range.count);
+      std::span<float> e(residual_.data() + range.offset, range.count);
+      for (uint64_t i = 0; i < range.count; ++i) x[i] += e[i];
+      std::span<std::byte> bytes(encoded, codec_->EncodedBytes(range.count));
+      try {
+        codec_->Encode(x, bytes, seq);
+      } catch (const Error& error) {
+        throw error.Wrap(fmt::format("rank {}: error feedback, elements [{}, {})", rank_,
+                                     range.offset, range.offset + range.count));
+      }
+      std::copy(x.begin(), x.end(), e.begin());
+      codec_->Decode(bytes, x);
+      for (uint64_t i = 0; i < range.count; ++i) e[i] -= x[i];
+    }
+  }
+}
+
 void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
-                             const std::atomic<bool>* abort) {
+                             const std::atomic<bool>* abort, const AllReduceOptions& call) {
   const uint64_t seq = seq_++;
   const int n = world_size_;
+  stats_ = WireStats{};
+  PSGD_CHECK_LE(call.exact_tail, data.size());
   if (n == 1) return;  // averaging over one rank is the identity
   if (data.empty()) {
     // Nothing to reduce, but neighbours must still agree: one header each way, so a rank that
     // calls with 0 elements while its neighbour has N fails by name instead of by timeout.
     if (send_slots_.empty()) send_slots_.resize(1);
     SendSlot& slot = send_slots_[0];
-    PostChunk(slot, seq, op, 0, 0, nullptr, 0);
+    PostChunk(slot, seq, op, 0, 0, CodecKind::kNone, nullptr, 0);
     ChunkHeader header;
     transport::Op recv;
     recv.Set(&header, sizeof(ChunkHeader));
     left_[0]->PostRecv(recv);
     transport_->Wait(recv, deadline, wait_header_.c_str(), abort);
-    CheckHeader(header, seq, op, 0, 0, 0);
+    CheckHeader(header, seq, op, 0, 0, CodecKind::kNone, 0);
     transport_->Wait(slot.op, deadline, wait_send_.c_str(), abort);
     return;
   }
@@ -158,7 +221,18 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
   const uint64_t chunk_bytes = options_.chunk_bytes != CommunicatorOptions::kAutoChunkBytes
                                    ? options_.chunk_bytes
                                    : AutoChunkBytes(data.size(), n);
-  const RingPlan plan(data.size(), n, chunk_bytes / sizeof(float));
+  // Elements [0, head) travel encoded when this call compresses; the rest as float32.
+  const uint64_t head = data.size() - call.exact_tail;
+  const bool compress = codec_ != nullptr && call.compress && head > 0 &&
+                        head * sizeof(float) >= options_.compression_min_bytes;
+  const RingPlan plan(data.size(), n, chunk_bytes / sizeof(float),
+                      compress ? head : data.size());
+  const CodecKind kind = compress ? codec_->kind() : CodecKind::kNone;
+  stats_.compressed = compress;
+  auto coded = [&](const Range& range) { return compress && range.offset < head; };
+  auto wire_bytes = [&](const Range& range) -> uint64_t {
+    return coded(range) ? codec_->EncodedBytes(range.count) : range.count * sizeof(float);
+  };
   auto mod = [n](int x) { return ((x % n) + n) % n; };
   // The stream to the right is 2(N-1) ring steps; step k < N-1 is reduce-scatter step k,
   // step k >= N-1 all-gather step k-(N-1). Which block each step carries, as sent by this rank
@@ -178,22 +252,60 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
     recv_base = recv_base_big.data();
   }
   send_base[0] = recv_base[0] = 0;
+  // Encoded bytes: the chunks this rank encodes (reduce-scatter sends and the owned block's
+  // all-gather send; all-gather forwards resend received bytes) and the chunks it receives.
+  uint64_t send_arena_bytes = 0, recv_arena_bytes = 0;
   for (int k = 0; k < steps; ++k) {
     send_base[k + 1] = send_base[k] + plan.ChunksInBlock(send_block(k));
     recv_base[k + 1] = recv_base[k] + plan.ChunksInBlock(recv_block(k));
+    if (!compress) continue;
+    for (uint64_t c = 0; c < plan.ChunksInBlock(recv_block(k)); ++c) {
+      const Range range = plan.Chunk(recv_block(k), c);
+      if (coded(range)) recv_arena_bytes += wire_bytes(range);
+    }
+    if (k > n - 1) continue;
+    for (uint64_t c = 0; c < plan.ChunksInBlock(send_block(k)); ++c) {
+      const Range range = plan.Chunk(send_block(k), c);
+      if (coded(range)) send_arena_bytes += wire_bytes(range);
+    }
   }
   const uint64_t total_sends = send_base[steps];
   const uint64_t total_recvs = recv_base[steps];
 
   // Grow the reusable buffers (only when a call is larger than any before).
   if (send_slots_.size() < total_sends) send_slots_.resize(total_sends);
-  const uint64_t max_chunk = std::min<uint64_t>(chunk_bytes / sizeof(float),
-                                                plan.Block(0).count);
+  const uint64_t max_chunk = std::min<uint64_t>(chunk_bytes / sizeof(float), plan.Block(0).count);
   if (scratch_.size() < max_chunk) scratch_.resize(max_chunk);
+  if (compress) {
+    // Error feedback encodes one chunk at a time into the send arena before the ring starts.
+    send_arena_bytes = std::max(send_arena_bytes, codec_->EncodedBytes(max_chunk));
+    if (send_arena_.size() < send_arena_bytes) send_arena_.resize(send_arena_bytes);
+    if (recv_arena_.size() < recv_arena_bytes) recv_arena_.resize(recv_arena_bytes);
+    if (options_.error_feedback) ApplyErrorFeedback(data, plan, head, seq);
+  }
 
-  auto post_send = [&](uint64_t index, Range range) {
-    PostChunk(send_slots_[index], seq, op, data.size(), index, data.data() + range.offset,
-              range.count);
+  uint64_t send_arena_used = 0, recv_arena_used = 0;
+  // Sends chunk `index`, data[range], as float32 or encoded into its own send-arena region.
+  auto post_send = [&](uint64_t index, const Range& range) {
+    const float* values = data.data() + range.offset;
+    stats_.raw_payload_bytes += range.count * sizeof(float);
+    if (!coded(range)) {
+      PostChunk(send_slots_[index], seq, op, data.size(), index, CodecKind::kNone, values,
+                range.count * sizeof(float));
+      return std::span<const std::byte>();
+    }
+    std::span<std::byte> bytes(send_arena_.data() + send_arena_used, wire_bytes(range));
+    send_arena_used += bytes.size();
+    try {
+      // Distinct noise per (collective, rank, chunk) for stochastic rounding.
+      const uint64_t stream = (seq * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(r) << 48) ^ index;
+      stats_.saturated += codec_->Encode({values, range.count}, bytes, stream).saturated;
+    } catch (const Error& error) {
+      throw error.Wrap(fmt::format("rank {}: compressing elements [{}, {}) of collective #{}", r,
+                                   range.offset, range.offset + range.count, seq));
+    }
+    PostChunk(send_slots_[index], seq, op, data.size(), index, kind, bytes.data(), bytes.size());
+    return std::span<const std::byte>(bytes);
   };
   auto wait = [&](transport::Op& o, const char* what) {
     transport_->Wait(o, deadline, what, abort);
@@ -220,15 +332,21 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
     for (uint64_t c = 0; c < plan.ChunksInBlock(b); ++c) {
       const uint64_t index = recv_base[k] + c;
       const Range range = plan.Chunk(b, c);
-      const uint64_t bytes = range.count * sizeof(float);
+      const bool encoded = coded(range);
+      const uint64_t bytes = wire_bytes(range);
       wait(header_ops[index % 2], wait_header_.c_str());
-      CheckHeader(headers[index % 2], seq, op, data.size(), index, bytes);
+      CheckHeader(headers[index % 2], seq, op, data.size(), index,
+                  encoded ? kind : CodecKind::kNone, bytes);
 
-      float* target = scratch_.data();
-      if (!reduce_scatter) {
+      float* values = data.data() + range.offset;
+      void* target = scratch_.data();
+      if (encoded) {
+        target = recv_arena_.data() + recv_arena_used;
+        recv_arena_used += bytes;
+      } else if (!reduce_scatter) {
         // All-gather writes the final values in place; the reduce-scatter send that last read
         // this chunk (step k-(N-1)) must be off our hands first. By causality it already is.
-        target = data.data() + range.offset;
+        target = values;
         wait(send_slots_[send_base[k - (n - 1)] + c].op, wait_send_.c_str());
       }
       // Chunk i travels on stream i mod k; per stream the order is header, payload, next
@@ -241,17 +359,38 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
         left_[(index + 1) % streams]->PostRecv(header_ops[(index + 1) % 2]);
       }
       wait(payload_op, wait_payload_.c_str());
+      const std::span<const std::byte> received(static_cast<const std::byte*>(target), bytes);
 
       if (reduce_scatter) {
-        float* dst = data.data() + range.offset;
-        const float* src = scratch_.data();
-        for (uint64_t i = 0; i < range.count; ++i) dst[i] += src[i];
+        if (encoded) {
+          codec_->DecodeAdd(received, {values, range.count});
+        } else {
+          const float* src = scratch_.data();
+          for (uint64_t i = 0; i < range.count; ++i) values[i] += src[i];
+        }
         if (k == n - 2 && op == ReduceOp::kAverage) {
           const float divisor = static_cast<float>(n);
-          for (uint64_t i = 0; i < range.count; ++i) dst[i] /= divisor;
+          for (uint64_t i = 0; i < range.count; ++i) values[i] /= divisor;
+        }
+        if (k + 1 < steps) {
+          std::span<const std::byte> sent = post_send(send_base[k + 1] + c, range);
+          // The owner keeps what everyone else will decode, so every replica is the same.
+          if (k == n - 2 && encoded) codec_->Decode(sent, {values, range.count});
+        }
+      } else {
+        if (encoded) codec_->Decode(received, {values, range.count});
+        if (k + 1 < steps) {
+          const uint64_t next = send_base[k + 1] + c;
+          if (encoded) {
+            // Forward the owner's bytes as they are: no re-encoding, no drift.
+            stats_.raw_payload_bytes += range.count * sizeof(float);
+            PostChunk(send_slots_[next], seq, op, data.size(), next, kind, received.data(),
+                      received.size());
+          } else {
+            post_send(next, range);
+          }
         }
       }
-      if (k + 1 < steps) post_send(send_base[k + 1] + c, range);
     }
   }
   for (uint64_t i = 0; i < total_sends; ++i) {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/base/deadline.h"
+#include "core/collective/codec.h"
 #include "transport/transport.h"
 
 namespace pipesgd::collective {
@@ -41,11 +42,14 @@ struct Range {
 
 // The pure arithmetic of the ring, 64-bit throughout: how `count` elements split into N blocks
 // (sizes differ by at most one: the first count % N blocks get the extra element) and how a
-// block splits into chunks of at most chunk_elems elements. Blocks and chunks may be empty.
+// block splits into chunks of at most chunk_elems elements. Blocks may be empty; chunks never
+// are. A `split` inside a block also cuts its chunks there (each side chunked from its own
+// start), so no chunk straddles it: elements [0, split) are compressed, [split, count) are not.
 class RingPlan {
  public:
-  // REQUIRES: world_size >= 1, chunk_elems >= 1.
-  RingPlan(uint64_t count, int world_size, uint64_t chunk_elems);
+  // REQUIRES: world_size >= 1, chunk_elems >= 1, split <= count (default: no split).
+  RingPlan(uint64_t count, int world_size, uint64_t chunk_elems,
+           uint64_t split = UINT64_MAX);
 
   uint64_t count() const { return count_; }
   int world_size() const { return world_size_; }
@@ -55,9 +59,13 @@ class RingPlan {
   Range Chunk(int block, uint64_t chunk) const;
 
  private:
+  // Elements of `block` before the split.
+  uint64_t HeadOf(const Range& block) const;
+
   uint64_t count_;
   int world_size_;
   uint64_t chunk_elems_;
+  uint64_t split_;
 };
 
 // Precedes every chunk on the wire (and travels alone, once per neighbour, for a collective of
@@ -72,7 +80,7 @@ struct ChunkHeader {
   uint8_t version = kVersion;
   uint8_t op = 0;     // ReduceOp
   uint8_t dtype = 0;  // DataType
-  uint8_t reserved0 = 0;
+  uint8_t codec = 0;  // CodecKind of the payload (kNone: raw float32)
   uint64_t seq = 0;            // collective sequence number on this communicator (0, 1, ...)
   uint64_t count = 0;          // total elements of the collective
   uint64_t chunk_index = 0;    // position in the sender's stream for this collective
@@ -98,6 +106,37 @@ struct CommunicatorOptions {
   // Parallel connections to each neighbour; chunk i of a stream travels on connection
   // i mod streams. One TCP flow often falls short of line rate on fast links; several share it.
   int streams = 1;  // >= 1
+  // Lossy compression of the chunks on the wire (kind kNone: off). See AllReduce.
+  CodecOptions codec;
+  // A collective whose compressible part is smaller than this many bytes goes uncompressed:
+  // for small messages latency, not bandwidth, dominates and the codec only adds error.
+  uint64_t compression_min_bytes = 0;
+  // Error feedback (Seide et al. 2014; Karimireddy et al. 2019): this rank keeps, per element,
+  // what compression took from its contribution and adds it to its next compressed call.
+  bool error_feedback = false;
+};
+
+// Per-call choices of AllReduce.
+struct AllReduceOptions {
+  // false: this call goes uncompressed whatever the communicator's codec (warm-up steps).
+  bool compress = true;
+  // The last `exact_tail` elements are never compressed nor error-fed (a trainer's loss value
+  // rides there). REQUIRES: exact_tail <= data.size().
+  uint64_t exact_tail = 0;
+};
+
+// What the last AllReduce put on the wire, as seen by this rank.
+struct WireStats {
+  uint64_t chunks_sent = 0;
+  uint64_t bytes_sent = 0;        // headers and payloads
+  uint64_t payload_bytes = 0;     // payloads only
+  uint64_t raw_payload_bytes = 0; // what the same payloads would have been as float32
+  uint64_t saturated = 0;         // elements the codec clamped (EncodeStats::saturated)
+  bool compressed = false;        // the codec was used for (part of) this call
+  // raw_payload_bytes / payload_bytes (1 when nothing was sent).
+  double compression_ratio() const {
+    return payload_bytes == 0 ? 1.0 : static_cast<double>(raw_payload_bytes) / payload_bytes;
+  }
 };
 
 // A ring of ranks over one transport. Thread-compatible: one thread (the trainer's
@@ -120,16 +159,33 @@ class Communicator {
   transport::Transport& transport() { return *transport_; }
 
   // Reduces `data` in place across all ranks (sum, or sum / world_size). Every rank must call
-  // AllReduce in the same order with the same element count and op. Integer-valued inputs
-  // whose sums stay below 2^24 give exact results.
+  // AllReduce in the same order with the same element count, op and options. Uncompressed,
+  // integer-valued inputs whose sums stay below 2^24 give exact results.
+  //
+  // With a codec (options().codec, call.compress, and at least compression_min_bytes of
+  // compressible data), chunks travel encoded: each reduce-scatter hop decodes the received
+  // chunk, adds its own float32 values (partial sums stay float32) and encodes the sum for the
+  // next hop; the owner of a reduced chunk encodes it once, replaces its own copy with the
+  // decoded value, and the all-gather forwards those same bytes, so every rank ends with
+  // bitwise the same result. The error against the exact sum is at most the codec's
+  // ErrorBound per encode times N encodes (N-1 hops and the all-gather). With error_feedback,
+  // this rank first adds its residual to data[0, count - exact_tail), encodes and decodes its
+  // contribution chunk by chunk (the ring's own chunks), and keeps what that lost as the next
+  // residual (reset to zero, with a warning, when the count changes).
+  //
   // Throws Error: kDataLoss (a neighbour disagrees: message names both ranks and both values),
-  // kUnavailable (a neighbour is gone), kDeadlineExceeded, kAborted (*abort became true).
+  // kUnavailable (a neighbour is gone), kDeadlineExceeded, kAborted (*abort became true),
+  // kNumerical (a non-finite value in data that was to be compressed: names the element).
   // After any error the communicator is unusable.
   void AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
-                 const std::atomic<bool>* abort = nullptr);
+                 const std::atomic<bool>* abort = nullptr, const AllReduceOptions& call = {});
 
   // Collectives completed or attempted so far (the next one's sequence number).
   uint64_t sequence() const { return seq_; }
+  // What the last AllReduce sent.
+  const WireStats& last_wire_stats() const { return stats_; }
+  // The error-feedback residual (empty until the first compressed call with error feedback).
+  std::span<const float> residual() const { return residual_; }
 
  private:
   Communicator() = default;
@@ -140,11 +196,14 @@ class Communicator {
   };
 
   // Fills slot's header for chunk `index` of collective `seq` (count elements in all) and
-  // posts header + `elems` floats of `payload` to the right neighbour.
+  // posts header + `bytes` of `payload` (encoded by `codec`) to the right neighbour.
   void PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t count, uint64_t index,
-                 const float* payload, uint64_t elems);
+                 CodecKind codec, const void* payload, uint64_t bytes);
   void CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op, uint64_t count,
-                   uint64_t chunk_index, uint64_t payload_bytes) const;
+                   uint64_t chunk_index, CodecKind codec, uint64_t payload_bytes) const;
+  // Error feedback on data[0, head): see AllReduce.
+  void ApplyErrorFeedback(std::span<float> data, const RingPlan& plan, uint64_t head,
+                          uint64_t seq);
 
   std::unique_ptr<transport::Transport> transport_;
   std::vector<std::unique_ptr<transport::Connection>> connections_;
@@ -161,6 +220,11 @@ class Communicator {
   // Reused across calls so that steady-state AllReduces do not allocate.
   std::vector<SendSlot> send_slots_;
   std::vector<float> scratch_;
+  std::unique_ptr<Codec> codec_;  // null: no compression
+  std::vector<std::byte> send_arena_;  // encoded chunks this rank sends, one region each
+  std::vector<std::byte> recv_arena_;  // encoded chunks received, one region each
+  std::vector<float> residual_;        // error feedback
+  WireStats stats_;
 };
 
 }  // namespace pipesgd::collective

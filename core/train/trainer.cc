@@ -51,7 +51,8 @@ void Trainer::CommLoop() {
       job = queue_.front();
     }
     try {
-      comm_.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_);
+      comm_.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_,
+                      job->call);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       comm_error_ = std::current_exception();
@@ -60,6 +61,15 @@ void Trainer::CommLoop() {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (job->gradient) {
+        const collective::WireStats& stats = comm_.last_wire_stats();
+        wire_.steps += 1;
+        wire_.compressed_steps += stats.compressed ? 1 : 0;
+        wire_.bytes_sent += stats.bytes_sent;
+        wire_.payload_bytes += stats.payload_bytes;
+        wire_.raw_payload_bytes += stats.raw_payload_bytes;
+        wire_.saturated += stats.saturated;
+      }
       job->done = true;
       queue_.pop_front();
     }
@@ -102,6 +112,9 @@ void Trainer::Step() {
   slot.busy = true;
   slot.job.data = slot.buffer;
   slot.job.op = ReduceOp::kAverage;
+  slot.job.gradient = true;
+  slot.job.call.compress = t >= options_.compression_warmup_steps;
+  slot.job.call.exact_tail = 1;  // the loss: reported exactly, never error-fed
   Submit(slot.job);
   steps_ = t + 1;
   losses_.push_back(std::numeric_limits<float>::quiet_NaN());
@@ -166,6 +179,7 @@ void Trainer::AllReduce(std::span<float> data, ReduceOp op) {
   Job job;
   job.data = data;
   job.op = op;
+  job.call.compress = false;  // metrics and checks: exact
   Submit(job);
   std::unique_lock<std::mutex> lock(mu_);
   WaitJob(lock, job, steps_);
@@ -177,6 +191,11 @@ float Trainer::StepLoss(int64_t step) const {
     return std::numeric_limits<float>::quiet_NaN();
   }
   return losses_[step];
+}
+
+WireTotals Trainer::wire_totals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wire_;
 }
 
 }  // namespace pipesgd::train

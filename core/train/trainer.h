@@ -54,6 +54,19 @@ struct TrainerOptions {
   int pipeline_width = 2;  // K >= 1
   // Bound on every wait: one AllReduce, and the compute thread's wait for an aggregate.
   double timeout_s = 120;
+  // Steps 0 .. warmup_steps-1 send their gradients uncompressed even when the communicator
+  // has a codec (early gradients are large and change fast; compression error hurts most).
+  int64_t compression_warmup_steps = 0;
+};
+
+// What the gradient AllReduces sent so far, summed over steps (as seen by this rank).
+struct WireTotals {
+  int64_t steps = 0;
+  int64_t compressed_steps = 0;
+  uint64_t bytes_sent = 0;         // headers and payloads
+  uint64_t payload_bytes = 0;
+  uint64_t raw_payload_bytes = 0;  // the same payloads as float32
+  uint64_t saturated = 0;
 };
 
 class Trainer {
@@ -86,7 +99,7 @@ class Trainer {
   void Drain(bool apply);
 
   // AllReduces `data` on the communication thread, after every gradient submitted so far, and
-  // waits for it (e.g. evaluation counts). Throws like Step.
+  // waits for it (e.g. evaluation counts), uncompressed. Throws like Step.
   void AllReduce(std::span<float> data, collective::ReduceOp op);
 
   int64_t steps() const { return steps_; }
@@ -95,11 +108,15 @@ class Trainer {
   int pipeline_width() const { return options_.pipeline_width; }
   // Loss of step `step` averaged over ranks, once its AllReduce has finished; NaN before.
   float StepLoss(int64_t step) const;
+  // Totals over the gradient AllReduces finished so far (thread-safe).
+  WireTotals wire_totals() const;
 
  private:
   struct Job {
     std::span<float> data;
     collective::ReduceOp op = collective::ReduceOp::kAverage;
+    collective::AllReduceOptions call;
+    bool gradient = false;  // counts in wire_totals()
     bool done = false;
   };
   struct Slot {
@@ -131,10 +148,11 @@ class Trainer {
   int64_t finished_ = 0;     // steps whose aggregate has been consumed (applied or released)
   std::vector<float> losses_;  // by step; NaN until known (compute thread only)
 
-  std::mutex mu_;  // guards queue_, Job::done, comm_error_, stop_
+  mutable std::mutex mu_;  // guards queue_, Job::done, comm_error_, stop_, wire_
   std::condition_variable cv_;
   std::deque<Job*> queue_;
   std::exception_ptr comm_error_;
+  WireTotals wire_;
   bool stop_ = false;
   std::atomic<bool> abort_{false};
   std::thread comm_thread_;
