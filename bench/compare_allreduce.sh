@@ -26,6 +26,8 @@ print(int(float(s[:-1])*m[s[-1].upper()]) if s[-1].upper() in m else int(s))"; }
 # plot_busbw CSV PNG RATE: busbw of each library against size, and the link's goodput.
 plot_busbw() {
   command -v gnuplot > /dev/null || { echo "no gnuplot (apt-get install gnuplot-nox): no plot" >&2; return 0; }
+  local shaping="links shaped to $3"
+  [[ "$3" == none ]] && shaping="links unshaped"
   gnuplot <<GP
 set terminal pngcairo size 900,560 font "sans,11"
 set output "$2"
@@ -37,7 +39,7 @@ set xlabel "message size (bytes)"
 set ylabel "busbw (GB/s)"
 set yrange [0:*]
 set grid
-set title "AllReduce, 4 ranks on 4 namespace nodes, links shaped to $3"
+set title "AllReduce, 4 ranks on 4 namespace nodes, $shaping"
 plot "$1" using 1:3 with linespoints lw 2 pt 7 title "pipesgd", \\
      "" using 1:(\$8 > 0 ? \$8 : 1/0) with linespoints lw 2 pt 5 title "Gloo", \\
      "" using 1:(\$9 > 0 ? \$9 : 1/0) with linespoints lw 2 pt 9 title "Open MPI", \\
@@ -130,9 +132,11 @@ for r in rows:
                f"{busbw(size, g)},{busbw(size, m)},{goodput / 8:.4f}")
     md.append(f"| {size} | {t:.1f} | {bw:.4f} | {share:.1f} | {fmt(g)} | {fmt(m)} | {ratio} |")
 open(f"{out}.csv", "w").write("\n".join(csv) + "\n")
-text = [f"# AllReduce on the emulated 4-node lab, links shaped to {rate}", "",
+shaping = "unshaped (veth at full speed, CPU-bound)" if rate == "none" else f"links shaped to {rate}"
+link = "links not shaped" if rate == "none" else f"each node's link shaped by tc tbf to {rate}"
+text = [f"# AllReduce on the emulated 4-node lab, {shaping}", "",
         f"Measured {datetime.date.today()} on a 2-core Debian 12 machine: 4 network namespaces on a bridge,",
-        f"each node's link shaped by tc tbf to {rate}, one rank per node, TCP. Command:", "",
+        f"{link}, one rank per node, TCP. Command:", "",
         "```", f"bench/compare_allreduce.sh {rate} {lo} {hi}", "```", "",
         f"![busbw against size]({out.split('/')[-1]}.png)", "",
         f"Link goodput (iperf3, one TCP flow, node 1 -> node 0, 10 s): **{goodput} Gbit/s**.",

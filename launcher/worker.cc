@@ -348,6 +348,12 @@ void RunWorker(const WorkerArgs& args) {
           payload == 0 ? 1.0
                        : static_cast<double>(wire.raw_payload_bytes - wire_before.raw_payload_bytes) /
                              payload;
+      if (wire.saturated > wire_before.saturated) {
+        PSGD_LOG_WARN("rank {}: epoch {}: {} gradient elements were beyond the codec's range and "
+                      "were clamped (comm.compression = {}; fp16 saturates at +-65504)",
+                      env.rank, epoch + 1, wire.saturated - wire_before.saturated,
+                      config::Comm::Compression_Name(comm_cfg.compression()));
+      }
       wire_before = wire;
 
       layers::EvalResult local = task.EvaluateShard(params, test_set, env.rank, env.world_size);

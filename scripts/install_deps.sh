@@ -20,8 +20,8 @@ PACKAGES=(
   procps iproute2 iperf3
   # cluster tests: key-only sshd in every lab node (scripts/lab sshd) and the ssh client
   openssh-server openssh-client
-  # benchmarks: peer libraries measured side by side (bench/peers/)
-  libgloo-dev openmpi-bin libopenmpi-dev
+  # benchmarks: peer libraries measured side by side (bench/peers/), plots of the results
+  libgloo-dev openmpi-bin libopenmpi-dev gnuplot-nox
 )
 
 SUDO=""
