@@ -14,6 +14,20 @@
 // The transport knows ranks only as labels for error messages and for the connection hello; it
 // knows nothing of collectives or training. Addresses are opaque bytes that the rendezvous
 // exchanges (transport/rendezvous.h).
+//
+// Framing. TCP is a byte stream: a receive may take any number of bytes of what was sent. The
+// message transports (UCX tag messages, ibverbs RDMA writes) deliver each non-empty part of a
+// send as one message, so there a receive's parts must mirror the sender's, part for part and
+// byte for byte (empty parts are skipped on both sides); a mismatch fails the receive with
+// Error(kDataLoss) naming both sizes. Portable callers, like the ring (a 48-byte header
+// receive, then a payload receive, for each header + payload send), post receives that way.
+//
+// Memory. Any host memory can be sent from and received into. RegisterMemory registers a
+// long-lived buffer once (pinning it for RDMA, ucp_mem_map for UCX); ops whose parts lie inside
+// a live region then use it with no per-op registration. CUDA device memory must be registered
+// before use, and only transports with GPU support accept it (capabilities()).
+// Implementations are in transport/tcp, transport/ucx and transport/ibverbs; transport/factory.h
+// creates one by name. docs/transports.md compares them.
 #pragma once
 
 #include <array>
@@ -48,8 +62,11 @@ struct Op {
   size_t bytes_done = 0;
   std::exception_ptr error;  // the pipesgd::Error that failed this op, if any
 
-  // Transport-private: intrusive FIFO link, so queueing needs no allocation.
+  // Transport-private: intrusive FIFO link, so queueing needs no allocation, and per-part
+  // handles (UCX requests, ibverbs sequence numbers) for the transports that need them.
   Op* next_ = nullptr;
+  std::array<void*, kMaxParts> handles_{};
+  uint64_t seq_ = 0;
 
   void Set(const void* data, size_t bytes) {
     parts[0] = {const_cast<void*>(data), bytes};
@@ -65,6 +82,41 @@ struct Op {
     for (int i = 0; i < num_parts; ++i) n += parts[i].bytes;
     return n;
   }
+};
+
+// Where a buffer lives.
+enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
+const char* MemoryKindName(MemoryKind kind);  // "host", "cuda"
+
+// A registered buffer (RAII over ucp_mem_h / ibv_mr; nothing for TCP). Move-only through its
+// unique_ptr; deregisters when destroyed. The memory must outlive the region, and the region
+// must outlive every op that uses it. Regions must be destroyed before their transport.
+class MemoryRegion {
+ public:
+  MemoryRegion(void* data, size_t bytes, MemoryKind kind) : data_(data), bytes_(bytes), kind_(kind) {}
+  virtual ~MemoryRegion() = default;
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  MemoryKind kind() const { return kind_; }
+  // True if [p, p + n) lies inside this region.
+  bool Contains(const void* p, size_t n) const {
+    auto b = reinterpret_cast<uintptr_t>(data_), q = reinterpret_cast<uintptr_t>(p);
+    return q >= b && n <= bytes_ && q - b <= bytes_ - n;
+  }
+
+ private:
+  void* data_;
+  size_t bytes_;
+  MemoryKind kind_;
+};
+
+// What a transport can do, for `pipesgd info`, the auto choice and callers that adapt.
+struct Capabilities {
+  bool byte_stream = true;   // false: receives must mirror sends part for part (see Framing)
+  bool cuda_memory = false;  // RegisterMemory accepts MemoryKind::kCuda (GPUDirect RDMA, cuda_ipc)
 };
 
 class Connection {
@@ -87,8 +139,19 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
-  virtual std::string name() const = 0;  // "tcp"
+  virtual std::string name() const = 0;  // "tcp", "ucx", "ibverbs"
   virtual int rank() const = 0;
+  virtual Capabilities capabilities() const { return {}; }
+  // What this transport runs over, for logs: "tcp 10.0.0.1:4242", "ucx (tcp/eth0 ...)".
+  virtual std::string Describe() const { return name(); }
+
+  // Registers [data, data + bytes) of `kind` memory once, for every later op on any connection
+  // of this transport (slow: do it per long-lived buffer, never per step). Overlapping regions
+  // are allowed; the newest live region containing a part is used. The default (TCP) accepts
+  // host memory and does nothing. Throws Error kInvalidArgument if this transport cannot use
+  // `kind` memory (naming the transport and the kind), kIo if registration fails (the
+  // ibverbs transport names RLIMIT_MEMLOCK and its value when that is the cause).
+  virtual std::unique_ptr<MemoryRegion> RegisterMemory(void* data, size_t bytes, MemoryKind kind);
 
   // Opaque bytes that identify this process's endpoint; the peers pass them to Connect.
   virtual std::string LocalAddress() const = 0;

@@ -93,8 +93,8 @@ std::unique_ptr<Communicator> Communicator::Create(
 
   const int left = (comm->rank_ + world_size - 1) % world_size;
   const int right = (comm->rank_ + 1) % world_size;
-  std::vector<std::pair<int, std::string>> peers = {{left, addresses[left]}};
-  if (right != left) peers.push_back({right, addresses[right]});
+  std::vector<std::pair<int, std::string>> peers;
+  for (int peer : RingPeers(comm->rank_, world_size)) peers.push_back({peer, addresses[peer]});
   const int k = options.streams;
   comm->connections_ = comm->transport_->Connect(peers, deadline, k);
   for (int s = 0; s < k; ++s) {
@@ -108,8 +108,36 @@ std::unique_ptr<Communicator> Communicator::Create(
 }
 
 Communicator::~Communicator() {
-  // Connections reference the transport: drop them first.
+  // Regions and connections reference the transport: drop them first.
+  scratch_region_.reset();
+  send_arena_region_.reset();
+  recv_arena_region_.reset();
   connections_.clear();
+}
+
+std::vector<int> Communicator::RingPeers(int rank, int world_size) {
+  PSGD_CHECK(world_size >= 1 && rank >= 0 && rank < world_size);
+  if (world_size == 1) return {};
+  const int left = (rank + world_size - 1) % world_size;
+  const int right = (rank + 1) % world_size;
+  if (left == right) return {left};
+  return {left, right};
+}
+
+std::unique_ptr<transport::MemoryRegion> Communicator::RegisterMemory(std::span<float> data,
+                                                                      transport::MemoryKind kind) {
+  if (data.empty() || world_size_ == 1) return nullptr;
+  return transport_->RegisterMemory(data.data(), data.size_bytes(), kind);
+}
+
+template <typename T>
+void Communicator::Reserve(std::vector<T>& buffer, size_t size,
+                           std::unique_ptr<transport::MemoryRegion>& region) {
+  if (buffer.size() >= size) return;
+  region.reset();
+  buffer.resize(size);
+  region = transport_->RegisterMemory(buffer.data(), buffer.size() * sizeof(T),
+                                      transport::MemoryKind::kHost);
 }
 
 void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op,
@@ -275,12 +303,12 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
   // Grow the reusable buffers (only when a call is larger than any before).
   if (send_slots_.size() < total_sends) send_slots_.resize(total_sends);
   const uint64_t max_chunk = std::min<uint64_t>(chunk_bytes / sizeof(float), plan.Block(0).count);
-  if (scratch_.size() < max_chunk) scratch_.resize(max_chunk);
+  Reserve(scratch_, max_chunk, scratch_region_);
   if (compress) {
     // Error feedback encodes one chunk at a time into the send arena before the ring starts.
     send_arena_bytes = std::max(send_arena_bytes, codec_->EncodedBytes(max_chunk));
-    if (send_arena_.size() < send_arena_bytes) send_arena_.resize(send_arena_bytes);
-    if (recv_arena_.size() < recv_arena_bytes) recv_arena_.resize(recv_arena_bytes);
+    Reserve(send_arena_, send_arena_bytes, send_arena_region_);
+    Reserve(recv_arena_, recv_arena_bytes, recv_arena_region_);
     if (options_.error_feedback) ApplyErrorFeedback(data, plan, head, seq);
   }
 

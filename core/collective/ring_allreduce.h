@@ -153,6 +153,18 @@ class Communicator {
                                               Deadline deadline);
   ~Communicator();
 
+  // The ranks Create connects to, in the order it connects: the left neighbour, then the right
+  // one if different (none for a single rank). A transport that needs its peers up front (ibverbs)
+  // is created for these.
+  static std::vector<int> RingPeers(int rank, int world_size);
+
+  // Registers a long-lived buffer that will be passed to AllReduce (e.g. a trainer's gradient
+  // slots) with the transport once, so RDMA transports send and receive it without per-call
+  // registration. Returns null for an empty span or a single rank. The region must be destroyed
+  // before this communicator. Throws what Transport::RegisterMemory throws.
+  std::unique_ptr<transport::MemoryRegion> RegisterMemory(
+      std::span<float> data, transport::MemoryKind kind = transport::MemoryKind::kHost);
+
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   const CommunicatorOptions& options() const { return options_; }
@@ -204,6 +216,9 @@ class Communicator {
   // Error feedback on data[0, head): see AllReduce.
   void ApplyErrorFeedback(std::span<float> data, const RingPlan& plan, uint64_t head,
                           uint64_t seq);
+  // Grows `buffer` to at least `size` elements, keeping it registered with the transport.
+  template <typename T>
+  void Reserve(std::vector<T>& buffer, size_t size, std::unique_ptr<transport::MemoryRegion>& region);
 
   std::unique_ptr<transport::Transport> transport_;
   std::vector<std::unique_ptr<transport::Connection>> connections_;
@@ -224,6 +239,8 @@ class Communicator {
   std::vector<std::byte> send_arena_;  // encoded chunks this rank sends, one region each
   std::vector<std::byte> recv_arena_;  // encoded chunks received, one region each
   std::vector<float> residual_;        // error feedback
+  // Registrations of scratch_, send_arena_ and recv_arena_ (null until first used).
+  std::unique_ptr<transport::MemoryRegion> scratch_region_, send_arena_region_, recv_arena_region_;
   WireStats stats_;
 };
 

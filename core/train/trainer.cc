@@ -27,7 +27,11 @@ Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer
           params.size(), num_params_);
   }
   slots_.resize(options.pipeline_width);
-  for (Slot& slot : slots_) slot.buffer.assign(num_params_ + 1, 0.0f);
+  for (Slot& slot : slots_) {
+    slot.buffer.assign(num_params_ + 1, 0.0f);
+    // Registered once, so RDMA transports move it with no per-step registration.
+    slot.region = comm_.RegisterMemory(slot.buffer);
+  }
   comm_thread_ = std::thread([this] { CommLoop(); });
 }
 

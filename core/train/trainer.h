@@ -121,6 +121,7 @@ class Trainer {
   };
   struct Slot {
     std::vector<float> buffer;  // num_params gradient floats, then the local loss
+    std::unique_ptr<transport::MemoryRegion> region;  // buffer, registered with the transport
     Job job;
     int64_t step = -1;
     bool busy = false;  // submitted and not yet applied or released

@@ -1,0 +1,404 @@
+// One conformance suite for every transport (gloo's and UCX's transport-parameterised tests):
+// connect, exchange of sizes 0 to 64 MiB both ways, ordering, registered memory, the framing
+// contract, a deadline on a silent peer, a peer that dies, and the ring AllReduce on top.
+// Instances: tcp, ucx_tcp (UCX_TLS=tcp), ucx_sm (UCX_TLS=sm,self: posix/sysv/cma shared memory),
+// ibverbs (skips with the reason where there is no active RDMA port).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/base/error.h"
+#include "core/collective/ring_allreduce.h"
+#include "tests/support/multiproc.h"
+#include "tests/support/transports.h"
+#include "transport/rendezvous.h"
+
+namespace pipesgd {
+namespace {
+
+using testing::Connected;
+using testing::ConnectAll;
+using testing::RankContext;
+using testing::RunRanks;
+using testing::TransportParam;
+using transport::Op;
+
+class Conformance : public ::testing::TestWithParam<TransportParam> {
+ protected:
+  void SetUp() override {
+    if (std::string why = testing::SkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+uint8_t PatternByte(uint64_t size, uint64_t i, int sender) {
+  return static_cast<uint8_t>((i * 31 + size * 7 + static_cast<uint64_t>(sender) * 101) & 0xff);
+}
+
+void ExpectAllOk(const std::vector<testing::RankResult>& results, const std::string& want = "") {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    EXPECT_EQ(results[r].output, want) << "rank " << r;
+  }
+}
+
+TEST_P(Conformance, ConnectsAndTalksBothWaysOnEveryStream) {
+  const TransportParam p = GetParam();
+  auto results = RunRanks(2, [&](const RankContext& ctx) {
+    Connected c = ConnectAll(p, ctx, 3);
+    if (c.connections.size() != 3) return std::string("expected 3 connections");
+    std::string report;
+    for (int s = 0; s < 3; ++s) {
+      transport::Connection& conn = *c.connections[s];
+      if (conn.peer_rank() != 1 - ctx.rank) return std::string("wrong peer rank");
+      uint32_t out = 1000u * static_cast<uint32_t>(ctx.rank) + static_cast<uint32_t>(s), in = 0;
+      Op send, recv;
+      send.Set(&out, sizeof(out));
+      recv.Set(&in, sizeof(in));
+      conn.PostRecv(recv);
+      conn.PostSend(send);
+      c.transport->Wait(recv, Deadline::After(20), "hello value");
+      c.transport->Wait(send, Deadline::After(20), "hello send");
+      report += std::to_string(in) + ";";
+      if (recv.bytes_done != 4 || send.bytes_done != 4) return std::string("bytes_done != 4");
+    }
+    return report;
+  });
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
+  ASSERT_EQ(results[1].exit_code, 0) << results[1].error;
+  EXPECT_EQ(results[0].output, "1000;1001;1002;");
+  EXPECT_EQ(results[1].output, "0;1;2;");
+}
+
+// Header + payload sends (the ring's shape), sizes 0 B .. 64 MiB, both directions at once.
+TEST_P(Conformance, ExchangesEverySizeUpTo64MiBExactly) {
+  const TransportParam p = GetParam();
+  const std::vector<uint64_t> sizes = {0, 1, 7, 48, 4096, 8193, (64 << 10) + 3, 1 << 20,
+                                       (4 << 20) + 1, 64 << 20};
+  auto results = RunRanks(2, [&](const RankContext& ctx) {
+    Connected c = ConnectAll(p, ctx);
+    transport::Connection& conn = *c.connections[0];
+    for (uint64_t size : sizes) {
+      std::vector<uint8_t> out(size), in(size, 0xEE);
+      for (uint64_t i = 0; i < size; ++i) out[i] = PatternByte(size, i, ctx.rank);
+      uint64_t out_header = size, in_header = ~uint64_t{0};
+      Op send, recv_header, recv_payload;
+      send.Set(&out_header, sizeof(out_header), out.data(), size);
+      recv_header.Set(&in_header, sizeof(in_header));
+      recv_payload.Set(in.data(), size);
+      conn.PostRecv(recv_header);
+      conn.PostRecv(recv_payload);
+      conn.PostSend(send);
+      c.transport->Wait(recv_header, Deadline::After(60), "header");
+      c.transport->Wait(recv_payload, Deadline::After(60), "payload");
+      c.transport->Wait(send, Deadline::After(60), "send");
+      if (in_header != size) return fmt::format("size {}: header says {}", size, in_header);
+      if (recv_payload.bytes_done != size || send.bytes_done != size + 8) {
+        return fmt::format("size {}: bytes_done recv {} send {}", size, recv_payload.bytes_done,
+                           send.bytes_done);
+      }
+      for (uint64_t i = 0; i < size; ++i) {
+        if (in[i] != PatternByte(size, i, 1 - ctx.rank)) {
+          return fmt::format("size {}: byte {} is {} expected {}", size, i, in[i],
+                             PatternByte(size, i, 1 - ctx.rank));
+        }
+      }
+    }
+    return std::string();
+  }, 180);
+  ExpectAllOk(results);
+}
+
+// 200 ops posted at once on one connection complete in posting order with the right contents;
+// on two streams each stream keeps its own order.
+TEST_P(Conformance, OpsCompleteInPostingOrder) {
+  const TransportParam p = GetParam();
+  constexpr int kOps = 200;
+  auto results = RunRanks(2, [&](const RankContext& ctx) {
+    Connected c = ConnectAll(p, ctx, 2);
+    // Sizes vary so that small (eager) and large (rendezvous) messages interleave.
+    auto size_of = [](int i) -> size_t { return i % 10 == 9 ? (256 << 10) + i : 16 + i; };
+    std::vector<std::vector<uint8_t>> out(kOps), in(kOps);
+    std::vector<Op> sends(kOps), recvs(kOps);
+    for (int i = 0; i < kOps; ++i) {
+      out[i].assign(size_of(i), 0);
+      in[i].assign(size_of(i), 0);
+      for (size_t b = 0; b < out[i].size(); ++b) out[i][b] = PatternByte(i, b, ctx.rank);
+      recvs[i].Set(in[i].data(), in[i].size());
+      c.connections[i % 2]->PostRecv(recvs[i]);
+    }
+    for (int i = 0; i < kOps; ++i) {
+      sends[i].Set(out[i].data(), out[i].size());
+      c.connections[i % 2]->PostSend(sends[i]);
+    }
+    // Watch completions: on each stream, op i done implies every earlier op of it done.
+    const auto deadline = Deadline::After(60);
+    std::string violation;
+    while (!deadline.expired()) {
+      c.transport->Poll();
+      bool all = true;
+      for (int i = 0; i < kOps; ++i) {
+        all = all && recvs[i].done && sends[i].done;
+        for (int j = i % 2; j < i; j += 2) {
+          if (recvs[i].done && !recvs[j].done && violation.empty()) {
+            violation = fmt::format("receive {} finished before receive {}", i, j);
+          }
+          if (sends[i].done && !sends[j].done && violation.empty()) {
+            violation = fmt::format("send {} finished before send {}", i, j);
+          }
+        }
+      }
+      if (all) break;
+    }
+    if (!violation.empty()) return violation;
+    for (int i = 0; i < kOps; ++i) {
+      c.transport->Wait(recvs[i], Deadline::After(10), "receive");
+      c.transport->Wait(sends[i], Deadline::After(10), "send");
+      for (size_t b = 0; b < in[i].size(); ++b) {
+        if (in[i][b] != PatternByte(i, b, 1 - ctx.rank)) return fmt::format("op {} byte {} wrong", i, b);
+      }
+    }
+    return std::string();
+  }, 120);
+  ExpectAllOk(results);
+}
+
+// A registered region is used for sends and receives; CUDA memory is refused where the
+// transport has no GPU support.
+TEST_P(Conformance, RegisteredMemoryWorksAndCudaIsRefusedWithoutGpuSupport) {
+  const TransportParam p = GetParam();
+  auto results = RunRanks(2, [&](const RankContext& ctx) {
+    Connected c = ConnectAll(p, ctx);
+    std::vector<float> buffer(1 << 18);
+    for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<float>(ctx.rank * 1000000 + i);
+    std::vector<float> received(buffer.size());
+    std::string out;
+    {
+      auto send_region = c.transport->RegisterMemory(buffer.data(), buffer.size() * 4,
+                                                     transport::MemoryKind::kHost);
+      auto recv_region = c.transport->RegisterMemory(received.data(), received.size() * 4,
+                                                     transport::MemoryKind::kHost);
+      for (int round = 0; round < 3; ++round) {
+        Op send, recv;
+        send.Set(buffer.data(), buffer.size() * 4);
+        recv.Set(received.data(), received.size() * 4);
+        c.connections[0]->PostRecv(recv);
+        c.connections[0]->PostSend(send);
+        c.transport->Wait(recv, Deadline::After(30), "registered receive");
+        c.transport->Wait(send, Deadline::After(30), "registered send");
+        for (size_t i = 0; i < received.size(); ++i) {
+          if (received[i] != static_cast<float>((1 - ctx.rank) * 1000000 + i)) {
+            return fmt::format("round {} element {}: {}", round, i, received[i]);
+          }
+        }
+      }
+      if (send_region->bytes() != buffer.size() * 4 || send_region->data() != buffer.data() ||
+          !send_region->Contains(buffer.data() + 5, 16) ||
+          send_region->Contains(buffer.data() + buffer.size() - 1, 8)) {
+        return std::string("MemoryRegion bounds are wrong");
+      }
+    }
+    if (!c.transport->capabilities().cuda_memory) {
+      try {
+        c.transport->RegisterMemory(buffer.data(), 64, transport::MemoryKind::kCuda);
+        out += "cuda accepted";
+      } catch (const Error& e) {
+        out += std::string(ErrorCodeName(e.code())) + (std::string(e.what()).find("cuda") != std::string::npos ||
+                                                       std::string(e.what()).find("CUDA") != std::string::npos
+                                                           ? " names cuda"
+                                                           : " silent");
+      }
+    }
+    return out;
+  });
+  ExpectAllOk(results, "invalid argument names cuda");
+}
+
+// The framing contract: a send of [4][4] received as one 8-byte part works on a byte stream
+// and fails by name on a message transport.
+TEST_P(Conformance, FramingContract) {
+  const TransportParam p = GetParam();
+  auto results = RunRanks(2, [&](const RankContext& ctx) {
+    Connected c = ConnectAll(p, ctx);
+    const bool stream = c.transport->capabilities().byte_stream;
+    if (ctx.rank == 0) {
+      uint32_t a = 0x01020304, b = 0x05060708;
+      Op send;
+      send.Set(&a, 4, &b, 4);
+      c.connections[0]->PostSend(send);
+      try {
+        c.transport->Wait(send, Deadline::After(10), "send");
+      } catch (const Error&) {
+        // A message transport may fail the sender too; the receiver's error is what we check.
+      }
+      // Stay until the receiver is done, so our exit is not what it sees.
+      uint8_t done = 0;
+      Op wait;
+      wait.Set(&done, 1);
+      if (stream) {
+        c.connections[0]->PostRecv(wait);
+        c.transport->Wait(wait, Deadline::After(10), "done");
+      } else {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      return std::string(stream ? "stream" : "message");
+    }
+    uint64_t whole = 0;
+    Op recv;
+    recv.Set(&whole, 8);
+    c.connections[0]->PostRecv(recv);
+    try {
+      c.transport->Wait(recv, Deadline::After(10), "the whole");
+      if (whole != 0x0506070801020304ull) return fmt::format("got {:#x}", whole);
+      uint8_t done = 1;
+      Op ack;
+      ack.Set(&done, 1);
+      c.connections[0]->PostSend(ack);
+      c.transport->Wait(ack, Deadline::After(10), "ack");
+      return std::string(stream ? "stream ok" : "message transport accepted a mismatched receive");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      const bool named = what.find("4 bytes") != std::string::npos && what.find("8") != std::string::npos;
+      return fmt::format("{} {}", ErrorCodeName(e.code()), named ? "names both sizes" : what);
+    }
+  }, 60);
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
+  ASSERT_EQ(results[1].exit_code, 0) << results[1].error;
+  if (results[0].output == "stream") {
+    EXPECT_EQ(results[1].output, "stream ok");
+  } else {
+    EXPECT_EQ(results[0].output, "message");
+    EXPECT_EQ(results[1].output, "data loss names both sizes");
+  }
+}
+
+// A peer that is alive but silent: the wait ends at its deadline, naming what it waited for,
+// and the transport's connections are closed afterwards.
+TEST_P(Conformance, DeadlineOnASilentPeer) {
+  const TransportParam p = GetParam();
+  auto results = RunRanks(2, [&](const RankContext& ctx) {
+    Connected c = ConnectAll(p, ctx);
+    if (ctx.rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return std::string("slept");
+    }
+    uint32_t value = 0;
+    Op recv;
+    recv.Set(&value, 4);
+    c.connections[0]->PostRecv(recv);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      c.transport->Wait(recv, Deadline::After(0.5), "a value from rank 1");
+      return std::string("no timeout");
+    } catch (const Error& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const std::string what = e.what();
+      if (s < 0.45 || s > 2.0) return fmt::format("timed out after {:.2f} s", s);
+      if (what.find("a value from rank 1") == std::string::npos) return what;
+      // After the deadline the connection is closed: a new op fails at once.
+      Op again;
+      again.Set(&value, 4);
+      c.connections[0]->PostRecv(again);
+      try {
+        c.transport->Wait(again, Deadline::After(5), "again");
+        return std::string("reused after a deadline");
+      } catch (const Error& e2) {
+        return fmt::format("{} then {}", ErrorCodeName(e.code()), ErrorCodeName(e2.code()));
+      }
+    }
+  }, 60);
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
+  EXPECT_EQ(results[0].output, "deadline exceeded then aborted");
+  EXPECT_EQ(results[1].output, "slept");
+}
+
+// A peer that dies: the pending receive fails with kUnavailable naming the peer, well before
+// its deadline (or, on a transport that cannot detect it, at the deadline).
+TEST_P(Conformance, PeerDeathFailsThePendingReceiveNamingThePeer) {
+  const TransportParam p = GetParam();
+  auto results = RunRanks(2, [&](const RankContext& ctx) {
+    Connected c = ConnectAll(p, ctx);
+    if (ctx.rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      _exit(0);  // no clean shutdown: as if killed
+    }
+    std::vector<uint8_t> buffer(1 << 20);
+    Op recv;
+    recv.Set(buffer.data(), buffer.size());
+    c.connections[0]->PostRecv(recv);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      c.transport->Wait(recv, Deadline::After(5), "a chunk from rank 1");
+      return std::string("no error");
+    } catch (const Error& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const std::string what = e.what();
+      return fmt::format("{} {} {}", ErrorCodeName(e.code()),
+                         what.find("rank 1") != std::string::npos ? "names rank 1" : what,
+                         s < 4 ? "in time" : "at the deadline");
+    }
+  }, 60);
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
+  EXPECT_EQ(results[0].output, p.detects_peer_death ? "unavailable names rank 1 in time"
+                                                    : "deadline exceeded names rank 1 at the deadline");
+}
+
+// The ring AllReduce over this transport: exact sums at 3 and 4 ranks, one and two streams,
+// counts from 0 to a million (ring_allreduce_test has the full matrix over TCP).
+class ConformanceRing : public ::testing::TestWithParam<std::tuple<TransportParam, int, int>> {
+ protected:
+  void SetUp() override {
+    if (std::string why = testing::SkipReason(std::get<0>(GetParam())); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+  }
+};
+
+TEST_P(ConformanceRing, AllReduceIsExact) {
+  const auto [p, world, streams] = GetParam();
+  auto results = RunRanks(world, [&](const RankContext& ctx) {
+    collective::CommunicatorOptions options;
+    options.chunk_bytes = 64 << 10;
+    options.streams = streams;
+    auto transport = testing::MakeTransport(
+        p, ctx, collective::Communicator::RingPeers(ctx.rank, ctx.world_size), streams);
+    transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size, "t"};
+    auto addresses =
+        transport::RendezvousAllGather(rdv, transport->LocalAddress(), Deadline::After(30));
+    auto comm = collective::Communicator::Create(std::move(transport), ctx.world_size, addresses,
+                                                 options, Deadline::After(30));
+    for (uint64_t count : {0ull, 1ull, 13ull, 1023ull, 100003ull, (1ull << 20) + 3}) {
+      std::vector<float> data(count);
+      for (uint64_t i = 0; i < count; ++i) data[i] = static_cast<float>(1000 * ctx.rank + i % 4096);
+      auto region = comm->RegisterMemory(data);
+      comm->AllReduce(data, collective::ReduceOp::kSum, Deadline::After(60));
+      for (uint64_t i = 0; i < count; ++i) {
+        const float want = static_cast<float>(1000 * world * (world - 1) / 2 + world * (i % 4096));
+        if (data[i] != want) return fmt::format("count {} element {}: {} != {}", count, i, data[i], want);
+      }
+    }
+    return std::string();
+  }, 120);
+  ExpectAllOk(results);
+}
+
+std::string ParamName(const ::testing::TestParamInfo<TransportParam>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Conformance,
+                         ::testing::ValuesIn(testing::AllTransportParams()), ParamName);
+
+INSTANTIATE_TEST_SUITE_P(
+    Transports, ConformanceRing,
+    ::testing::Combine(::testing::ValuesIn(testing::AllTransportParams()), ::testing::Values(3, 4),
+                       ::testing::Values(1, 2)),
+    [](const auto& param_info) {
+      return fmt::format("{}_{}ranks_{}streams", std::get<0>(param_info.param).name,
+                         std::get<1>(param_info.param), std::get<2>(param_info.param));
+    });
+
+}  // namespace
+}  // namespace pipesgd

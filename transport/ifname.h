@@ -1,0 +1,75 @@
+// Network interface selection for the TCP transport, in NCCL_SOCKET_IFNAME's grammar, read from
+// comm.network_interface or the PIPESGD_SOCKET_IFNAME environment variable (the launcher reads
+// both; this file only parses and chooses).
+//
+// Grammar (NCCL's): a comma-separated list of interface name prefixes.
+//   eth,ib        interfaces whose name starts with "eth" or "ib"
+//   =eth0         exactly eth0 ("=" makes every entry of the list exact)
+//   ^docker,lo    every interface except those starting with "docker" or "lo"
+//   ^=docker0     every interface except exactly docker0
+// Entries are interface names (at most 15 characters, no spaces, no commas); an empty entry is an
+// error, not a wildcard.
+//
+// Default choice, when no filter is given (and, among the interfaces a filter admits, when one is):
+//   1. an interface whose IPv4 subnet contains the rendezvous address (MASTER_ADDR); for a
+//      loopback MASTER_ADDR that is lo;
+//   2. the interface the kernel routes to the rendezvous address through, unless it is lo,
+//      docker* or virbr*;
+//   3. any other interface except lo, docker* and virbr*;
+//   4. docker* or virbr*;
+//   5. lo.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pipesgd::transport {
+
+struct IfnameFilter {
+  bool exclude = false;  // "^": admit every interface that does NOT match
+  bool exact = false;    // "=": names are exact, not prefixes
+  std::vector<std::string> names;
+
+  // True if the interface called `ifname` is admitted by this filter.
+  bool Admits(std::string_view ifname) const;
+  // The filter written back in the grammar ("^=docker0,lo").
+  std::string ToString() const;
+};
+
+// Parses `text` in the grammar above. Throws Error kInvalidArgument naming `source` (e.g.
+// "PIPESGD_SOCKET_IFNAME" or "comm.network_interface"), the text and what is wrong.
+IfnameFilter ParseIfnameFilter(std::string_view text, std::string_view source);
+
+// One IPv4 address of an up interface.
+struct NetInterface {
+  std::string name;  // "eth0"
+  std::string ip;    // "10.0.0.2"
+  int prefix_len = 0;  // 24 for a /24
+};
+
+// IPv4 addresses of the interfaces that are up (getifaddrs), in the kernel's order. Throws Error
+// kIo if the list cannot be read.
+std::vector<NetInterface> ListNetInterfaces();
+
+// True for lo, docker* and virbr*: used only when nothing else is there.
+bool IsFallbackInterface(std::string_view name);
+
+struct InterfaceChoice {
+  NetInterface iface;
+  std::string reason;  // why, for the log: "on the subnet of the rendezvous address 10.0.0.1"
+};
+
+// Chooses among `interfaces` as described above. `filter` (from `filter_source`) narrows the
+// candidates first; `target_ip` is the rendezvous address (numeric IPv4, may be empty);
+// `routed_ip` is the local address the kernel uses toward it (may be empty). Throws Error
+// kInvalidArgument if no interface is admitted, listing the interfaces seen; kUnavailable if
+// there are none at all.
+InterfaceChoice ChooseInterface(const std::vector<NetInterface>& interfaces,
+                                const std::optional<IfnameFilter>& filter,
+                                std::string_view filter_source, const std::string& target_ip,
+                                const std::string& routed_ip);
+
+}  // namespace pipesgd::transport
