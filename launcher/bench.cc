@@ -1,6 +1,7 @@
 #include "launcher/bench.h"
 
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "core/collective/ring_allreduce.h"
+#include "configs/pipesgd.pb.h"
 #include "launcher/worker.h"
 
 namespace pipesgd::launcher {
@@ -61,7 +63,18 @@ std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a
                                   "-n", std::to_string(a.iters), "-w", std::to_string(a.warmup),
                                   "--chunk-bytes", std::to_string(a.chunk_bytes),
                                   "--streams", std::to_string(a.streams),
-                                  "--compression", a.compression};
+                                  "--compression", a.compression,
+                                  "--transport", a.transport,
+                                  "--ib-port", std::to_string(a.ib_port),
+                                  "--gid-index", std::to_string(a.gid_index)};
+  if (!a.network_interface.empty()) {
+    cmd.push_back("--network-interface");
+    cmd.push_back(a.network_interface);
+  }
+  if (!a.ib_device.empty()) {
+    cmd.push_back("--ib-device");
+    cmd.push_back(a.ib_device);
+  }
   if (a.check) cmd.push_back("-c");
   if (a.link_gbps > 0) {
     cmd.push_back("--link-gbps");
@@ -88,11 +101,30 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   options.streams = args.streams;
   options.codec.kind = ParseCodecKind(args.compression);
   const bool compressed = options.codec.kind != CodecKind::kNone;
+  config::Comm comm_cfg;
+  config::Transport kind = config::TCP;
+  std::string upper = args.transport;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (!config::Transport_Parse(upper, &kind)) {
+    Throw(ErrorCode::kInvalidArgument, "--transport {}: expected tcp, ucx, ibverbs or auto",
+          args.transport);
+  }
+  comm_cfg.set_transport(kind);
+  comm_cfg.set_network_interface(args.network_interface);
+  comm_cfg.set_ib_device(args.ib_device);
+  comm_cfg.set_ib_port(args.ib_port);
+  comm_cfg.set_gid_index(args.gid_index);
+  // Machine-local settings are not part of what ranks must agree on.
+  AllReduceBenchArgs shared = args;
+  shared.network_interface.clear();
+  shared.ib_device.clear();
+  shared.ib_port = 0;
+  shared.gid_index = -1;
   auto comm = ConnectRing(
       env,
       fmt::format("pipesgd " PIPESGD_VERSION " bench allreduce {}",
-                  fmt::join(AllReduceBenchWorkerCommand(args), " ")),
-      options, Deadline::After(args.start_timeout_s),
+                  fmt::join(AllReduceBenchWorkerCommand(shared), " ")),
+      options, comm_cfg, Deadline::After(args.start_timeout_s),
       fmt::format("start-up timeout {} s", args.start_timeout_s));
   auto deadline = [&] { return Deadline::After(args.timeout_s); };
 
@@ -101,9 +133,10 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   if (lead) {
     const std::string chunk = args.chunk_bytes == 0 ? std::string("auto")
                                                     : fmt::format("{} B", args.chunk_bytes);
-    std::printf("# pipesgd bench allreduce: %d ranks, tcp x %d stream(s) per neighbour, chunk %s, "
+    std::printf("# pipesgd bench allreduce: %d ranks, %s x %d stream(s) per neighbour, chunk %s, "
                 "compression %s, %d iterations after %d warm-up, times are means over ranks\n",
-                n, args.streams, chunk.c_str(), args.compression.c_str(), args.iters, args.warmup);
+                n, comm->transport().Describe().c_str(), args.streams, chunk.c_str(),
+                args.compression.c_str(), args.iters, args.warmup);
     if (compressed) {
       std::printf("# sizes, algbw and busbw count float32 bytes; 'none(us)' is the same in-place "
                   "call uncompressed, 'speedup' = none(us) / in-place time(us)\n");
@@ -209,6 +242,7 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
       };
       nlohmann::json row = {{"size_bytes", bytes}, {"count", count}, {"type", "float"},
                             {"redop", "sum"}, {"ranks", n}, {"compression", args.compression},
+                            {"transport", comm->transport().name()}, {"streams", args.streams},
                             {"out_of_place", as_json(results[0])},
                             {"in_place", as_json(results[1])}};
       if (compressed) {

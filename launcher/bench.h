@@ -23,7 +23,12 @@ struct AllReduceBenchArgs {
   double link_gbps = 0;               // --link-gbps: link rate in Gbit/s (0 = not shown)
   std::string json_path;              // --json: the same rows as JSON
   uint64_t chunk_bytes = 1 << 20;     // --chunk-bytes (0 = auto)
-  int streams = 1;                    // --streams: TCP connections per neighbour
+  int streams = 1;                    // --streams: connections per neighbour
+  std::string transport = "tcp";      // --transport: tcp, ucx, ibverbs or auto
+  std::string network_interface;      // --network-interface: as comm.network_interface
+  std::string ib_device;              // --ib-device: as comm.ib_device
+  int ib_port = 0;                    // --ib-port: as comm.ib_port
+  int gid_index = -1;                 // --gid-index: as comm.gid_index
   // --compression: codec on the wire. algbw/busbw stay counted on the float32 size; an extra
   // pass times the same in-place call uncompressed for the speedup column; -c then counts
   // elements off by more than the codec's bound (Communicator::AllReduce).

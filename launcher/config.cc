@@ -1,5 +1,7 @@
 #include "launcher/config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -28,6 +30,7 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
+#include "transport/ifname.h"
 
 namespace pipesgd::launcher {
 namespace {
@@ -343,18 +346,34 @@ void SetLeaf(const std::string& where, Message* message, const FieldDescriptor* 
     return;
   }
 
+  std::string text = value;
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_ENUM && !quoted &&
+      field->enum_type()->FindValueByName(value) == nullptr) {
+    // Enum names in any case on the command line: --set comm.transport=ucx.
+    const pb::EnumDescriptor* type = field->enum_type();
+    for (int i = 0; i < type->value_count(); ++i) {
+      const std::string& name = type->value(i)->name();
+      if (name.size() == value.size() &&
+          std::equal(name.begin(), name.end(), value.begin(), [](char a, char b) {
+            return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+          })) {
+        text = name;
+        break;
+      }
+    }
+  }
   TextFormat::Parser parser;
   StringErrorCollector errors;
   parser.RecordErrorsTo(&errors);
   // Parse into a scratch message first so that a bad value leaves no half-added element.
   std::unique_ptr<Message> scratch(message->New());
-  if (!parser.ParseFieldValueFromString(value, field, scratch.get())) {
+  if (!parser.ParseFieldValueFromString(text, field, scratch.get())) {
     Throw(ErrorCode::kInvalidArgument, "{}: expected {}{}", where, ExpectedValue(field),
           errors.errors().empty() ? "" : fmt::format(" ({})", errors.errors()));
   }
   if (!field->is_repeated()) reflection->ClearField(message, field);
   // The same text into the same field cannot fail the second time.
-  const bool reparsed = parser.ParseFieldValueFromString(value, field, message);
+  const bool reparsed = parser.ParseFieldValueFromString(text, field, message);
   PSGD_CHECK(reparsed);
   if (replace_element) {
     // The value was appended; move it into place and drop the element it replaces.
@@ -562,6 +581,8 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Comm>(Comm::kStreamsFieldNumber), IntRange{1, 16}},
       {Field<Comm>(Comm::kWarmupStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<Comm>(Comm::kMinBytesFieldNumber), IntRange{0, std::nullopt}},
+      {Field<Comm>(Comm::kIbPortFieldNumber), IntRange{0, 255}},
+      {Field<Comm>(Comm::kGidIndexFieldNumber), IntRange{-1, 255}},
       // seed: any uint64; transport: the parser admits only declared enum values.
   };
   return rules;
@@ -673,6 +694,15 @@ class Validator {
           config::Comm::trunc16);
     check(config::Comm::kStochasticRoundingFieldNumber, comm.stochastic_rounding(),
           config::Comm::q8);
+    if (!comm.network_interface().empty()) {
+      steps->push_back({Field<config::Comm>(config::Comm::kNetworkInterfaceFieldNumber), -1});
+      try {
+        transport::ParseIfnameFilter(comm.network_interface(), PathString(*steps));
+      } catch (const Error& e) {
+        Report(*steps, e.what());
+      }
+      steps->pop_back();
+    }
   }
 
   void CheckLayer(const config::Layer& layer, std::vector<Step>* steps) {

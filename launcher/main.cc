@@ -1,6 +1,8 @@
 // pipesgd: pipelined data-parallel SGD over a ring AllReduce.
 //   pipesgd run -np 4 configs/fashion_mnist_mlp.pbtxt [--set key=value]... [--out DIR]
 //   pipesgd worker CONFIG      (one rank; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from env)
+//   pipesgd bench allreduce --np 4 [--transport tcp|ucx|ibverbs|auto] ...
+//   pipesgd info               (transports, RDMA devices, GPUDirect, BLAS of this build and host)
 #include <cstring>
 #include <string>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "launcher/bench.h"
+#include "launcher/info.h"
 #include "launcher/supervisor.h"
 #include "launcher/worker.h"
 
@@ -104,21 +107,40 @@ int main(int argc, char** argv) {
                        "Codec on the wire: none, trunc16, fp16 or q8 (sizes stay float32)")
       ->check(CLI::IsMember({"none", "trunc16", "fp16", "q8"}))
       ->capture_default_str();
-  bench_ar->add_option("--streams", bench.streams, "TCP connections per ring neighbour")
+  bench_ar->add_option("--streams", bench.streams, "Connections per ring neighbour")
       ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  bench_ar->add_option("--transport", bench.transport,
+                       "tcp, ucx, ibverbs or auto (ibverbs if an RDMA port is active, else ucx, "
+                       "else tcp); UCX reads UCX_TLS, UCX_NET_DEVICES")
+      ->transform(CLI::IsMember({"tcp", "ucx", "ibverbs", "auto"}, CLI::ignore_case))
+      ->capture_default_str();
+  bench_ar->add_option("--network-interface", bench.network_interface,
+                       "Interfaces for TCP in NCCL_SOCKET_IFNAME's grammar (eth0, ^docker,lo, "
+                       "=eth1); default PIPESGD_SOCKET_IFNAME, else the rendezvous subnet's");
+  bench_ar->add_option("--ib-device", bench.ib_device,
+                       "ibverbs: RDMA device (default: the first with an active port)");
+  bench_ar->add_option("--ib-port", bench.ib_port, "ibverbs: port (0: the first active one)")
+      ->check(CLI::Range(0, 255))
+      ->capture_default_str();
+  bench_ar->add_option("--gid-index", bench.gid_index, "ibverbs: GID index (-1: auto)")
+      ->check(CLI::Range(-1, 255))
       ->capture_default_str();
   bench_ar->add_option("--master-addr", bench_run.master_addr, "With --np: rendezvous address")
       ->capture_default_str();
   bench_ar->add_option("--master-port", bench_run.master_port,
                        "With --np: rendezvous port (default: a free port)");
 
+  auto* info_cmd = app.add_subcommand(
+      "info", "Print what this build and host support: transports, RDMA devices, GPUDirect, BLAS");
+
   app.footer("Exit status: 0 on success, 1 on an error (printed as 'error: ...'), 2 on a usage "
              "error; `run` exits with the failing worker's status.");
   // CLI11 reports an unknown subcommand as "a subcommand is required"; say what was wrong.
   if (args.size() > 1 && args[1][0] != '-' && args[1] != "run" && args[1] != "worker" &&
-      args[1] != "bench") {
-    std::fprintf(stderr, "error: unknown subcommand '%s' (expected run, worker or bench; see "
-                         "pipesgd --help)\n", args[1].c_str());
+      args[1] != "bench" && args[1] != "info") {
+    std::fprintf(stderr, "error: unknown subcommand '%s' (expected run, worker, bench or info; "
+                         "see pipesgd --help)\n", args[1].c_str());
     return 2;
   }
   try {
@@ -129,6 +151,11 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (*info_cmd) {
+      pipesgd::InitLogging(false);
+      std::fputs(pipesgd::launcher::InfoReport().c_str(), stdout);
+      return 0;
+    }
     if (*run_cmd) {
       pipesgd::InitLogging(run.verbose);
       return pipesgd::launcher::RunLocal(run);

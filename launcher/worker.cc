@@ -24,9 +24,10 @@
 #include "core/train/trainer.h"
 #include "launcher/config.h"
 #include "layers/model.h"
+#include "transport/factory.h"
+#include "transport/ifname.h"
 #include "transport/message_io.h"
 #include "transport/rendezvous.h"
-#include "transport/tcp/tcp_transport.h"
 
 namespace pipesgd::launcher {
 namespace {
@@ -179,22 +180,86 @@ std::string JobDescription(const config::Job& job) {
   copy.mutable_data()->clear_train_labels();
   copy.mutable_data()->clear_test_images();
   copy.mutable_data()->clear_test_labels();
+  // Machine-local: interface and RDMA device names may differ from host to host.
+  copy.mutable_comm()->clear_network_interface();
+  copy.mutable_comm()->clear_ib_device();
+  copy.mutable_comm()->clear_ib_port();
+  copy.mutable_comm()->clear_gid_index();
   return "pipesgd " PIPESGD_VERSION "\n" + FormatConfig(copy);
+}
+
+transport::TransportKind ResolveTransport(const config::Comm& comm, int rank) {
+  switch (comm.transport()) {
+    case config::TCP:
+      return transport::TransportKind::kTcp;
+    case config::UCX:
+      return transport::TransportKind::kUcx;
+    case config::IBVERBS:
+      return transport::TransportKind::kIbverbs;
+    case config::AUTO: {
+      const transport::AutoChoice choice = transport::ChooseAutoTransport();
+      PSGD_LOG_INFO("rank {}: comm.transport = AUTO chose {}: {}", rank,
+                    transport::TransportKindName(choice.kind), choice.reason);
+      return choice.kind;
+    }
+  }
+  Throw(ErrorCode::kInvalidArgument, "comm.transport = {}: unknown", static_cast<int>(comm.transport()));
 }
 
 std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
                                                       const collective::CommunicatorOptions& options,
-                                                      Deadline deadline,
+                                                      const config::Comm& comm, Deadline deadline,
                                                       const std::string& timeout_setting) {
-  transport::tcp::TcpOptions tcp;
-  tcp.rank = env.rank;
-  tcp.world_size = env.world_size;
-  tcp.bind_host = env.world_size == 1
-                      ? "127.0.0.1"
-                      : transport::LocalIpToward(env.master_addr, env.master_port);
-  auto transport = transport::tcp::CreateTcpTransport(tcp);
+  transport::TransportOptions topt;
+  topt.kind = ResolveTransport(comm, env.rank);
+  topt.rank = env.rank;
+  topt.world_size = env.world_size;
+  const std::string_view kind_name = transport::TransportKindName(topt.kind);
+
+  // The interface filter: the config field, else the environment variable.
+  std::optional<transport::IfnameFilter> filter;
+  std::string source;
+  if (!comm.network_interface().empty()) {
+    source = "comm.network_interface";
+    filter = transport::ParseIfnameFilter(comm.network_interface(), source);
+  } else if (const char* v = std::getenv("PIPESGD_SOCKET_IFNAME"); v && *v) {
+    source = "PIPESGD_SOCKET_IFNAME";
+    filter = transport::ParseIfnameFilter(v, source);
+  }
+  const bool tcp = topt.kind == transport::TransportKind::kTcp;
+  const bool ucx_devices = topt.kind == transport::TransportKind::kUcx && filter &&
+                           !std::getenv("UCX_NET_DEVICES");
+  if (env.world_size > 1 && (tcp || ucx_devices)) {
+    const std::string target =
+        transport::ResolveEndpoint(env.master_addr, env.master_port).address().to_string();
+    std::string routed;
+    try {
+      routed = transport::LocalIpToward(env.master_addr, env.master_port);
+    } catch (const Error&) {
+      // No route: the subnet and name rules still apply.
+    }
+    const transport::InterfaceChoice choice = transport::ChooseInterface(
+        transport::ListNetInterfaces(), filter, source, target, routed);
+    if (tcp) {
+      topt.bind_host = choice.iface.ip;
+      PSGD_LOG_INFO("rank {}: tcp on {} {} ({})", env.rank, choice.iface.name, choice.iface.ip,
+                    choice.reason);
+    } else {
+      topt.ucx_net_devices = choice.iface.name;
+      PSGD_LOG_INFO("rank {}: ucx NET_DEVICES={} ({}; set UCX_NET_DEVICES to override)", env.rank,
+                    choice.iface.name, choice.reason);
+    }
+  }
+  topt.peers = collective::Communicator::RingPeers(env.rank, env.world_size);
+  topt.streams = options.streams;
+  topt.ib_device = comm.ib_device();
+  topt.ib_port = comm.ib_port();
+  topt.gid_index = comm.gid_index();
+  auto transport = transport::CreateTransport(topt);
+  // The resolved transport is part of the job: ranks whose `auto` resolved differently (one host
+  // with RDMA, one without) are rejected at rendezvous by name.
   transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, env.world_size,
-                                   job};
+                                   fmt::format("{}resolved transport: {}\n", job, kind_name)};
   try {
     auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
     return collective::Communicator::Create(std::move(transport), env.world_size, addresses,
@@ -238,8 +303,9 @@ void RunWorker(const WorkerArgs& args) {
   const auto& comm_cfg = job.comm();
   const int width = train_cfg.pipeline_width();
   if (lead) {
-    PSGD_LOG_INFO("pipesgd worker: world size {}, pipeline width {} ({}), transport tcp",
-                  env.world_size, width, width == 1 ? "synchronous SGD" : "Pipe-SGD");
+    PSGD_LOG_INFO("pipesgd worker: world size {}, pipeline width {} ({}), comm.transport {}",
+                  env.world_size, width, width == 1 ? "synchronous SGD" : "Pipe-SGD",
+                  config::Transport_Name(comm_cfg.transport()));
     PSGD_LOG_INFO("effective config ({}): {}", args.config_path, FormatConfig(job, true));
   }
 
@@ -292,10 +358,13 @@ void RunWorker(const WorkerArgs& args) {
   comm_options.codec.seed = train_cfg.seed();
   comm_options.compression_min_bytes = static_cast<uint64_t>(comm_cfg.min_bytes());
   comm_options.error_feedback = comm_cfg.error_feedback();
-  auto comm = ConnectRing(env, JobDescription(job), comm_options,
+  auto comm = ConnectRing(env, JobDescription(job), comm_options, comm_cfg,
                           Deadline::After(comm_cfg.start_timeout_s()),
                           fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
-  if (lead) PSGD_LOG_INFO("ring connected: {} ranks over tcp", env.world_size);
+  const std::string transport_name = comm->transport().name();
+  if (lead) {
+    PSGD_LOG_INFO("ring connected: {} ranks over {}", env.world_size, comm->transport().Describe());
+  }
 
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
                            train_cfg.weight_decay()},
@@ -413,7 +482,7 @@ void RunWorker(const WorkerArgs& args) {
                                 {"steps", trainer.steps()},
                                 {"world_size", env.world_size},
                                 {"pipeline_width", width},
-                                {"transport", "tcp"},
+                                {"transport", transport_name},
                                 {"wire_bytes", trainer.wire_totals().bytes_sent},
                                 {"compressed_steps", trainer.wire_totals().compressed_steps},
                                 {"saturated_elements", trainer.wire_totals().saturated},

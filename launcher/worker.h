@@ -34,12 +34,18 @@ struct JobEnv {
 // effective config, except the data paths (they may differ from machine to machine).
 std::string JobDescription(const config::Job& job);
 
-// Publishes this rank's TCP endpoint (on the interface that reaches MASTER_ADDR), meets the other
-// ranks at the rendezvous (all must pass the same `job` text) and connects the ring, all within
-// `deadline`. A deadline error names `timeout_setting` (e.g. "comm.start_timeout_s = 60 s").
+// Creates the transport comm.transport names (AUTO: transport::ChooseAutoTransport, logged on
+// every rank with its reason), on the network interface comm.network_interface or
+// PIPESGD_SOCKET_IFNAME admits (transport/ifname.h; logged on every rank for TCP), publishes its
+// address, meets the other ranks at the rendezvous (all must pass the same `job` text; the
+// resolved transport is appended to it, so ranks that resolved AUTO differently are rejected by
+// name) and connects the ring, all within `deadline`. A deadline error names `timeout_setting`
+// (e.g. "comm.start_timeout_s = 60 s"). Throws what transport::CreateTransport,
+// RendezvousAllGather and Communicator::Create throw, and kInvalidArgument for an interface
+// filter that admits no interface.
 std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
                                                       const collective::CommunicatorOptions& options,
-                                                      Deadline deadline,
+                                                      const config::Comm& comm, Deadline deadline,
                                                       const std::string& timeout_setting);
 
 // Reads and checks the variables. Throws Error kInvalidArgument naming the variable, its value

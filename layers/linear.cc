@@ -1,6 +1,8 @@
 // Fully connected layer on OpenBLAS sgemm. Parameters [W (out, in) row-major, b (out)].
 #include <cblas.h>
 
+#include <string>
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -94,6 +96,19 @@ std::unique_ptr<Layer> MakeLinear(size_t in_features, size_t out_features) {
           "linear({}->{})", in_features, out_features);
   }
   return std::make_unique<Linear>(in_features, out_features);
+}
+
+}  // namespace pipesgd::layers
+
+namespace pipesgd::layers {
+
+std::string BlasDescription() {
+#ifdef OPENBLAS_VERSION
+  return fmt::format("{} ({} core, {} thread(s))", openblas_get_config(),
+                     openblas_get_corename(), openblas_get_num_threads());
+#else
+  return "a CBLAS (not OpenBLAS)";
+#endif
 }
 
 }  // namespace pipesgd::layers

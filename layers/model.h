@@ -14,6 +14,10 @@
 
 namespace pipesgd::layers {
 
+// The BLAS library the layers run on, for `pipesgd info`: "OpenBLAS 0.3.21 ... (Haswell core,
+// 2 threads)".
+std::string BlasDescription();
+
 struct EvalResult {
   double loss_sum = 0;  // sum over samples of the cross-entropy (natural log)
   int64_t correct = 0;  // samples whose argmax equals the label

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
@@ -312,6 +313,128 @@ TEST(BadInput, WorkersWithDifferentConfigsAreRejectedAtRendezvous) {
                        "rank 0 has `pipeline_width: 2`"),
               std::string::npos)
         << err;
+  }
+}
+
+// --- transports ----------------------------------------------------------------------------
+
+#ifdef PIPESGD_HAVE_UCX
+// The same short job over UCX and over TCP: the ring reduces in the same order whatever moves
+// the bytes, so accuracy and losses are bitwise the same.
+TEST(Transports, UcxTrainsToTheSameAccuracyAsTcp) {
+  struct Run {
+    std::string transport;
+    double accuracy = 0;
+    std::vector<double> losses;
+  };
+  std::vector<Run> runs = {{"tcp", 0, {}}, {"ucx", 0, {}}};
+  for (Run& run : runs) {
+    TempDir dir;
+    auto r = RunCommand({kBinary, "run", "-np", "4", kConfig, "--set", "train.max_steps=300",
+                         "--set", "comm.transport=" + run.transport, "--out", dir.path("out")},
+                        {}, 300);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::ifstream summary_file(dir.path("out/summary.json"));
+    auto summary = nlohmann::json::parse(summary_file);
+    EXPECT_EQ(summary.at("transport"), run.transport);
+    EXPECT_EQ(summary.at("steps"), 300);
+    run.accuracy = summary.at("final_test_accuracy").get<double>();
+    std::ifstream metrics(dir.path("out/metrics.jsonl"));
+    std::string line;
+    while (std::getline(metrics, line)) {
+      const auto m = nlohmann::json::parse(line);
+      run.losses.push_back(m.at("train_loss").get<double>());
+      run.losses.push_back(m.at("test_loss").get<double>());
+    }
+    std::printf("%s: final test accuracy %.4f after 300 steps\n", run.transport.c_str(), run.accuracy);
+  }
+  EXPECT_EQ(runs[1].accuracy, runs[0].accuracy);  // to the bit, hence to 4 decimals
+  EXPECT_EQ(runs[1].losses, runs[0].losses);
+  EXPECT_GT(runs[0].accuracy, 0.7);
+}
+
+// auto on a host without RDMA picks UCX, and every rank says so and why.
+TEST(Transports, AutoChoosesUcxHereAndEveryRankLogsWhy) {
+  auto r = RunCommand({kBinary, "bench", "allreduce", "--np", "3", "--transport", "auto", "-b",
+                       "64K", "-e", "64K", "-n", "2", "-w", "1", "-c"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  if (r.out.find("AUTO chose ibverbs") != std::string::npos) GTEST_SKIP() << "this host has RDMA";
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string line = fmt::format(
+        "[rank {}] rank {}: comm.transport = AUTO chose ucx: no RDMA device (ibv_get_device_list "
+        "found none); UCX ",
+        rank, rank);
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("3 ranks, ucx 1."), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("     65536        16384  float    sum"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("float    sum", r.out.find("float    sum") + 1), std::string::npos);
+}
+#endif
+
+TEST(Transports, TransportNamesInAnyCaseOnTheCommandLine) {
+  auto r = Worker({"comm.transport=tcp", "data.train_limit=320"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = Worker({"comm.transport=Tcp", "data.train_limit=320"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = Worker({"comm.transport=rdma"});
+  ExpectError(r, {"--set comm.transport=rdma: expected one of TCP, UCX, IBVERBS, AUTO"});
+}
+
+TEST(Transports, BadInterfaceFilterIsRejectedWhereItWasGiven) {
+  ExpectError(Worker({"comm.network_interface=eth0,,lo"}),
+              {"--set comm.network_interface=eth0,,lo: comm.network_interface = 'eth0,,lo': an "
+               "empty entry"});
+}
+
+// Interface selection on a real 2-rank job: the environment variable is honoured and logged,
+// and a filter that admits nothing fails on every rank, naming the interfaces there are.
+TEST(Transports, SocketIfnameEnvironmentVariable) {
+  auto r = RunCommand({kBinary, "run", "-np", "2", kConfig, "--set", "train.max_steps=2",
+                       "--set", "data.train_limit=640", "--set", "data.test_limit=100"},
+                      {{"PIPESGD_SOCKET_IFNAME", "=lo"}}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string line = fmt::format(
+        "[rank {}] rank {}: tcp on lo 127.0.0.1 (on the subnet 127.0.0.0/8 of the rendezvous "
+        "address 127.0.0.1 among those PIPESGD_SOCKET_IFNAME = '=lo' admits)",
+        rank, rank);
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  }
+  r = RunCommand({kBinary, "run", "-np", "2", kConfig, "--set", "train.max_steps=2"},
+                 {{"PIPESGD_SOCKET_IFNAME", "nosuchif"}}, 120);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("PIPESGD_SOCKET_IFNAME = 'nosuchif' admits none of this host's "
+                       "interfaces (lo 127.0.0.1/8"),
+            std::string::npos)
+      << r.err;
+}
+
+#ifdef PIPESGD_HAVE_IBVERBS
+TEST(Transports, IbverbsWithoutADeviceFailsClearly) {
+  auto r = RunCommand({kBinary, "info"});
+  ASSERT_EQ(r.exit_code, 0);
+  if (r.out.find("RDMA devices and ports seen: none") == std::string::npos) {
+    GTEST_SKIP() << "this host has RDMA devices";
+  }
+  r = RunCommand({kBinary, "run", "-np", "2", kConfig, "--set", "comm.transport=IBVERBS",
+                  "--set", "comm.start_timeout_s=10"},
+                 {}, 60);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("no RDMA device found (ibv_get_device_list returned none"),
+            std::string::npos)
+      << r.err;
+}
+#endif
+
+TEST(Cli, InfoPrintsTheBuildsCapabilities) {
+  auto r = RunCommand({kBinary, "info"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* needle : {"pipesgd 0.1.0\ntransports:\n  tcp: built in", "  ucx: ",
+                             "  ibverbs: ", "  GPUDirect RDMA: ", "  RLIMIT_MEMLOCK: ",
+                             "comm.transport = AUTO picks: ", "network interfaces (IPv4, up): lo 127.0.0.1/8",
+                             "CUDA: ", "BLAS: OpenBLAS"}) {
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
   }
 }
 

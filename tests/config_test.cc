@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "core/base/error.h"
+#include "launcher/worker.h"
 
 namespace pipesgd::launcher {
 namespace {
@@ -366,7 +367,61 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"comm.chunk_bytes=6", false}, RangeCase{"comm.chunk_bytes=1073741828", false},
         RangeCase{"comm.start_timeout_s=0.5", true}, RangeCase{"comm.start_timeout_s=0", false},
         RangeCase{"comm.timeout_s=-1", false}, RangeCase{"comm.timeout_s=inf", false},
+        RangeCase{"comm.ib_port=0", true}, RangeCase{"comm.ib_port=255", true},
+        RangeCase{"comm.ib_port=256", false}, RangeCase{"comm.ib_port=-1", false},
+        RangeCase{"comm.gid_index=-1", true}, RangeCase{"comm.gid_index=255", true},
+        RangeCase{"comm.gid_index=-2", false}, RangeCase{"comm.gid_index=256", false},
         RangeCase{"model.layers[0].linear.out_features=0", false}));
+
+// What ranks compare at rendezvous leaves out machine-local settings (interface and RDMA device
+// names differ between hosts) but keeps the transport.
+TEST_F(ConfigTest, JobDescriptionLeavesOutMachineLocalTransportSettings) {
+  const std::string path = Write(kModel);
+  const std::string a = JobDescription(LoadJobConfig(path, {}));
+  const std::string b = JobDescription(LoadJobConfig(
+      path, {"comm.network_interface=eth1", "comm.ib_device=mlx5_3", "comm.ib_port=2",
+             "comm.gid_index=3", "data.train_images=/elsewhere"}));
+  EXPECT_EQ(a, b);
+  EXPECT_THAT(a, HasSubstr("transport: TCP"));
+  EXPECT_THAT(a, HasSubstr("network_interface: \"\"\n  ib_device: \"\"\n  ib_port: 0\n  gid_index: -1\n"));
+  EXPECT_NE(a, JobDescription(LoadJobConfig(path, {"comm.transport=ucx"})));
+}
+
+TEST_F(ConfigTest, TransportSettings) {
+  config::Job job = LoadJobConfig(
+      Write(std::string(kModel) + "comm { transport: UCX network_interface: \"^docker,lo\" }\n"),
+      {});
+  EXPECT_EQ(job.comm().transport(), config::UCX);
+  EXPECT_EQ(job.comm().network_interface(), "^docker,lo");
+  EXPECT_EQ(job.comm().ib_device(), "");
+  EXPECT_EQ(job.comm().ib_port(), 0);
+  EXPECT_EQ(job.comm().gid_index(), -1);
+  // Field numbers other launchers rely on.
+  EXPECT_EQ(config::Comm::kNetworkInterfaceFieldNumber, 12);
+  EXPECT_EQ(config::TCP, 1);
+  // Any case on the command line; upper case in the file.
+  for (const char* name : {"ucx", "Ucx", "UCX"}) {
+    EXPECT_EQ(LoadJobConfig(Write(kModel), {std::string("comm.transport=") + name}).comm().transport(),
+              config::UCX);
+  }
+  EXPECT_EQ(LoadJobConfig(Write(kModel), {"comm.transport=ibverbs"}).comm().transport(), config::IBVERBS);
+  EXPECT_EQ(LoadJobConfig(Write(kModel), {"comm.transport=auto"}).comm().transport(), config::AUTO);
+  job = LoadJobConfig(Write(kModel), {"comm.network_interface==eth0", "comm.ib_device=mlx5_1",
+                                      "comm.ib_port=2", "comm.gid_index=3"});
+  EXPECT_EQ(job.comm().network_interface(), "=eth0");
+  EXPECT_EQ(job.comm().ib_device(), "mlx5_1");
+  EXPECT_EQ(job.comm().ib_port(), 2);
+  EXPECT_EQ(job.comm().gid_index(), 3);
+  EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm { transport: ucx }\n"), HasSubstr("ucx"));
+  EXPECT_THAT(InvalidMessage(kModel, {"comm.transport=infiniband"}),
+              HasSubstr("--set comm.transport=infiniband: expected one of TCP, UCX, IBVERBS, AUTO"));
+  // A bad interface filter is reported at its line and column.
+  EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm {\n network_interface: \"eth0,\" }\n"),
+              HasSubstr(":3:2: comm.network_interface = 'eth0,': an empty entry"));
+  // The compression enum keeps its lower-case names, and they too match in any case.
+  EXPECT_EQ(LoadJobConfig(Write(kModel), {"comm.compression=FP16"}).comm().compression(),
+            config::Comm::fp16);
+}
 
 TEST_F(ConfigTest, OverridesTakeEffect) {
   config::Job job = LoadJobConfig(

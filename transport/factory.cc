@@ -119,8 +119,11 @@ std::vector<std::string> DescribeTransportSupport() {
   lines.push_back("ucx: not built (libucx-dev was not found at build time)");
 #endif
 #ifdef PIPESGD_HAVE_IBVERBS
-  lines.push_back(fmt::format("ibverbs: built in; RDMA devices: {}",
-                              ibverbs::DescribeIbDevices(ibverbs::ProbeIbDevices())));
+  const auto devices = ibverbs::ProbeIbDevices();
+  lines.push_back(fmt::format("ibverbs: built in; RDMA devices and ports seen: {}",
+                              devices.empty() ? "none (no InfiniBand/RoCE device on this host, so "
+                                                "the ibverbs transport cannot run here)"
+                                              : ibverbs::DescribeIbDevices(devices)));
   lines.push_back(fmt::format("GPUDirect RDMA: {}", ibverbs::GpuDirectStatus()));
 #else
   lines.push_back("ibverbs: not built (libibverbs-dev was not found at build time)");
