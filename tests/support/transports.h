@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ struct TransportParam {
 };
 
 std::vector<TransportParam> AllTransportParams();
+
+// gtest prints parameters with this (the name, not the bytes).
+inline void PrintTo(const TransportParam& p, std::ostream* os) { *os << p.name; }
 
 // "" if `p` can run here, else why not (for GTEST_SKIP).
 std::string SkipReason(const TransportParam& p);
