@@ -75,7 +75,7 @@ for rate in $RATES; do
       --json "$tmp/$name.json"
     mkdir -p docs/results
     cp "$tmp/$name.json" "${OUT}_${rate}_${variant}.json"
-    [[ $repeat == 1 ]] && commands+=("[$rate, $variant] on node i: RANK=i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=29500 ${extra[*]} $BIN ${bench[*]} --transport $transport")
+    [[ $repeat == 1 ]] && commands+=("[$rate, $variant] for i in 0..3: scripts/lab exec i env RANK=i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=29500 ${extra[*]} $BIN ${bench[*]} --transport $transport")
   done
   scripts/lab down > /dev/null
 done
