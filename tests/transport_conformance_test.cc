@@ -216,22 +216,33 @@ TEST_P(Conformance, RegisteredMemoryWorksAndCudaIsRefusedWithoutGpuSupport) {
   ExpectAllOk(results, "invalid argument names cuda");
 }
 
-// The framing contract: a send of [4][4] received as one 8-byte part works on a byte stream
-// and fails by name on a message transport.
-TEST_P(Conformance, FramingContract) {
-  const TransportParam p = GetParam();
-  auto results = RunRanks(2, [&](const RankContext& ctx) {
+// The framing contract: what one side sends as `send_parts` (byte sizes) the other receives as
+// `recv_parts`. A byte stream delivers the bytes; a message transport fails by name: UCX at the
+// receiver, ibverbs at the sender (which sees the receiver's clear-to-send length), the other
+// side then failing too. Rank 0 reports "stream", "message" or "message (sender: data loss)";
+// rank 1 "stream ok" or the error code and whether it names the mismatch.
+std::vector<testing::RankResult> Reframe(const TransportParam& p, std::vector<size_t> send_parts,
+                                         std::vector<size_t> recv_parts) {
+  const std::string named = "the two sides' ops do not mirror each other";
+  return RunRanks(2, [&](const RankContext& ctx) {
     Connected c = ConnectAll(p, ctx);
     const bool stream = c.transport->capabilities().byte_stream;
+    const uint8_t bytes[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     if (ctx.rank == 0) {
-      uint32_t a = 0x01020304, b = 0x05060708;
       Op send;
-      send.Set(&a, 4, &b, 4);
+      if (send_parts.size() == 2) {
+        send.Set(bytes, send_parts[0], bytes + send_parts[0], send_parts[1]);
+      } else {
+        send.Set(bytes, send_parts[0]);
+      }
       c.connections[0]->PostSend(send);
+      std::string sender;
       try {
         c.transport->Wait(send, Deadline::After(10), "send");
-      } catch (const Error&) {
-        // A message transport may fail the sender too; the receiver's error is what we check.
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kDataLoss && std::string(e.what()).find(named) != std::string::npos) {
+          sender = " (sender: data loss)";
+        }
       }
       // Stay until the receiver is done, so our exit is not what it sees.
       uint8_t done = 0;
@@ -243,15 +254,19 @@ TEST_P(Conformance, FramingContract) {
       } else {
         std::this_thread::sleep_for(std::chrono::seconds(1));
       }
-      return std::string(stream ? "stream" : "message");
+      return std::string(stream ? "stream" : "message") + sender;
     }
-    uint64_t whole = 0;
+    uint8_t in[8] = {};
     Op recv;
-    recv.Set(&whole, 8);
+    if (recv_parts.size() == 2) {
+      recv.Set(in, recv_parts[0], in + recv_parts[0], recv_parts[1]);
+    } else {
+      recv.Set(in, recv_parts[0]);
+    }
     c.connections[0]->PostRecv(recv);
     try {
-      c.transport->Wait(recv, Deadline::After(10), "the whole");
-      if (whole != 0x0506070801020304ull) return fmt::format("got {:#x}", whole);
+      c.transport->Wait(recv, Deadline::After(10), "the bytes");
+      if (std::memcmp(in, bytes, 8) != 0) return std::string("wrong bytes");
       uint8_t done = 1;
       Op ack;
       ack.Set(&done, 1);
@@ -260,18 +275,31 @@ TEST_P(Conformance, FramingContract) {
       return std::string(stream ? "stream ok" : "message transport accepted a mismatched receive");
     } catch (const Error& e) {
       const std::string what = e.what();
-      const bool named = what.find("4 bytes") != std::string::npos && what.find("8") != std::string::npos;
-      return fmt::format("{} {}", ErrorCodeName(e.code()), named ? "names both sizes" : what);
+      return fmt::format("{} {}", ErrorCodeName(e.code()),
+                         what.find(named) != std::string::npos ? "names the mismatch" : what);
     }
   }, 60);
+}
+
+void ExpectReframed(const std::vector<testing::RankResult>& results) {
   ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
   ASSERT_EQ(results[1].exit_code, 0) << results[1].error;
   if (results[0].output == "stream") {
     EXPECT_EQ(results[1].output, "stream ok");
+  } else if (results[0].output == "message") {
+    EXPECT_EQ(results[1].output, "data loss names the mismatch");
   } else {
-    EXPECT_EQ(results[0].output, "message");
-    EXPECT_EQ(results[1].output, "data loss names both sizes");
+    EXPECT_EQ(results[0].output, "message (sender: data loss)");
+    EXPECT_NE(results[1].output, "message transport accepted a mismatched receive");
   }
+}
+
+TEST_P(Conformance, FramingContractTwoSendPartsIntoOneReceive) {
+  ExpectReframed(Reframe(GetParam(), {4, 4}, {8}));
+}
+
+TEST_P(Conformance, FramingContractOneSendPartIntoTwoReceives) {
+  ExpectReframed(Reframe(GetParam(), {8}, {4, 4}));
 }
 
 // A peer that is alive but silent: the wait ends at its deadline, naming what it waited for,

@@ -2,7 +2,8 @@
 // transport (device, pair, buffer) and NCCL's net plugin (isend/irecv/test):
 //
 //   Transport   one per process: owns the local endpoint and drives progress (gloo Device).
-//   Connection  a full-duplex, ordered byte stream to one peer rank (gloo Pair).
+//   Connection  a full-duplex, ordered stream to one peer rank (gloo Pair): bytes on TCP,
+//               messages on UCX and ibverbs (see Framing).
 //   Op          one posted send or receive of a scatter/gather list of caller-owned bytes.
 //
 // Ops are non-blocking to post and complete in posting order per connection and direction.
@@ -18,9 +19,10 @@
 // Framing. TCP is a byte stream: a receive may take any number of bytes of what was sent. The
 // message transports (UCX tag messages, ibverbs RDMA writes) deliver each non-empty part of a
 // send as one message, so there a receive's parts must mirror the sender's, part for part and
-// byte for byte (empty parts are skipped on both sides); a mismatch fails the receive with
-// Error(kDataLoss) naming both sizes. Portable callers, like the ring (a 48-byte header
-// receive, then a payload receive, for each header + payload send), post receives that way.
+// byte for byte (empty parts are skipped on both sides); a mismatch fails the op with
+// Error(kDataLoss) naming both sizes (UCX: the receive; ibverbs: the send) and closes the
+// connection. Portable callers, like the ring (a 48-byte header receive, then a payload
+// receive, for each header + payload send), post receives that way.
 //
 // Memory. Any host memory can be sent from and received into. RegisterMemory registers a
 // long-lived buffer once (pinning it for RDMA, ucp_mem_map for UCX); ops whose parts lie inside

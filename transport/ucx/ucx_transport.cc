@@ -427,6 +427,15 @@ void UcxConnection::AdvanceQueue(OpQueue& queue) {
       if (status == UCS_INPROGRESS) return;
       ucp_request_free(request);
       op->handles_[i] = nullptr;
+      if (status == UCS_ERR_MESSAGE_TRUNCATED && !op->error) {
+        op->error = std::make_exception_ptr(Error(
+            ErrorCode::kDataLoss,
+            fmt::format("rank {}: rank {} sent a message larger than the {} bytes this rank "
+                        "expected (part {} of a receive): the two sides' ops do not mirror each "
+                        "other",
+                        self_rank_, peer_rank_, op->parts[i].bytes, i)));
+        Fail(op->error);  // the message sequence is out of step: nothing later can match
+      }
       if (status != UCS_OK) {
         if (!op->error) {
           op->error = failed_ && (status == UCS_ERR_CANCELED || peer_error_ != UCS_OK)
@@ -442,6 +451,7 @@ void UcxConnection::AdvanceQueue(OpQueue& queue) {
             fmt::format("rank {}: rank {} sent a message of {} bytes where this rank expected {} "
                         "(part {} of a receive): the two sides' ops do not mirror each other",
                         self_rank_, peer_rank_, info.length, want, i)));
+        Fail(op->error);
       }
       op->bytes_done += want;
     }
