@@ -562,6 +562,9 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Comm>(Comm::kStreamsFieldNumber), IntRange{1, 16}},
       {Field<Comm>(Comm::kWarmupStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<Comm>(Comm::kMinBytesFieldNumber), IntRange{0, std::nullopt}},
+      {Field<config::Checkpoint>(config::Checkpoint::kEveryStepsFieldNumber), IntRange{0, std::nullopt}},
+      {Field<config::Checkpoint>(config::Checkpoint::kEveryEpochsFieldNumber), IntRange{0, std::nullopt}},
+      {Field<config::Checkpoint>(config::Checkpoint::kKeepFieldNumber), IntRange{1, 1000}},
       // seed: any uint64; transport: the parser admits only declared enum values.
   };
   return rules;

@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
                       "Rendezvous port (default: a free port)")
       ->check(CLI::Range(0, 65535));
   run_cmd->add_flag("-v,--verbose", run.verbose, "Debug logging in every worker");
+  run_cmd->add_flag("--resume", run.resume,
+                    "Continue from the newest checkpoint every rank has in checkpoint.dir");
   run_cmd->footer(
       "Each worker's output is prefixed with [rank R]. If any worker fails, the others are "
       "stopped and the run exits non-zero naming the rank.");
@@ -72,6 +74,8 @@ int main(int argc, char** argv) {
                          "Directory for metrics.jsonl and summary.json (written by rank 0)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   worker_cmd->add_flag("-v,--verbose", worker.verbose, "Debug logging");
+  worker_cmd->add_flag("--resume", worker.resume,
+                       "Continue from the newest checkpoint every rank has in checkpoint.dir");
 
   pipesgd::launcher::AllReduceBenchArgs bench;
   pipesgd::launcher::RunArgs bench_run;

@@ -143,6 +143,7 @@ pid_t SpawnWorker(const std::string& exe, const RunArgs& args, int rank, uint16_
       argv.push_back("--out");
       argv.push_back(args.out_dir);
     }
+    if (args.resume) argv.push_back("--resume");
     if (args.verbose) argv.push_back("--verbose");
   }
   std::vector<char*> cargv;

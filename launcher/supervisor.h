@@ -18,6 +18,7 @@ struct RunArgs {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: pick a free port
   bool verbose = false;
+  bool resume = false;  // workers continue from the newest checkpoint (--resume)
   double kill_grace_s = 5;  // between SIGTERM and SIGKILL when stopping workers
   // What each worker runs (arguments after the program name). Empty: `worker CONFIG --set ...
   // --out ...` from the fields above, with the config checked once before starting.

@@ -18,6 +18,7 @@ struct WorkerArgs {
   std::vector<std::string> overrides;  // "path=value", as for --set
   std::string out_dir;                 // rank 0 writes metrics.jsonl and summary.json here
   bool verbose = false;
+  bool resume = false;                 // continue from the newest checkpoint in checkpoint.dir
 };
 
 // Where this rank sits in the job, from the environment variables torchrun and Horovod use:

@@ -186,6 +186,12 @@ class Communicator {
   const WireStats& last_wire_stats() const { return stats_; }
   // The error-feedback residual (empty until the first compressed call with error feedback).
   std::span<const float> residual() const { return residual_; }
+  // Checkpoint restore: the residual, and the sequence number of the next collective (every
+  // rank must restore the same one).
+  void RestoreResidual(std::span<const float> residual) {
+    residual_.assign(residual.begin(), residual.end());
+  }
+  void RestoreSequence(uint64_t seq) { seq_ = seq; }
 
  private:
   Communicator() = default;
