@@ -155,6 +155,7 @@ void Communicator::PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t
   slot.header.payload_bytes = bytes;
   slot.header.sender_rank = static_cast<uint32_t>(rank_);
   slot.op.Set(&slot.header, sizeof(ChunkHeader), payload, bytes);
+  next_send_index_ = index + 1;
   stats_.chunks_sent += 1;
   stats_.bytes_sent += sizeof(ChunkHeader) + bytes;
   stats_.payload_bytes += bytes;
@@ -194,26 +195,108 @@ void Communicator::ApplyErrorFeedback(std::span<float> data, const RingPlan& pla
   }
 }
 
+void Communicator::WaitFor(transport::Op& o, int peer, Deadline deadline, const char* what,
+                           const std::atomic<bool>* abort) {
+  waiting_on_ = peer;
+  transport_->Wait(o, deadline, what, abort);
+  waiting_on_ = -1;
+}
+
+void Communicator::ThrowIfAbortNotice(const ChunkHeader& header, size_t stream, uint64_t seq) {
+  if (header.magic != ChunkHeader::kAbortMagic) return;
+  const int left = left_[0]->peer_rank();
+  const int origin = static_cast<int>(header.count);
+  std::string report = "(no report)";
+  if (header.payload_bytes <= ChunkHeader::kMaxAbortBytes) {
+    abort_text_.assign(header.payload_bytes, '\0');
+    abort_text_op_.Set(abort_text_.data(), abort_text_.size());
+    left_[stream]->PostRecv(abort_text_op_);
+    try {
+      transport_->Wait(abort_text_op_, Deadline::After(1), "an abort notice's text");
+      report = abort_text_;
+    } catch (const Error&) {
+      // The notice itself names the rank; its text is a courtesy.
+    }
+  }
+  failure_origin_ = origin;
+  failure_report_ = report;
+  Throw(ErrorCode::kUnavailable,
+        "rank {}: collective #{} aborted: rank {} failed or is gone (relayed by rank {}; first "
+        "report: {})",
+        rank_, seq, origin, left, report);
+}
+
+void Communicator::NotifyAndClose(const Error& error, uint64_t seq) {
+  failed_ = true;
+  if (failure_origin_ < 0) {
+    // The root cause is here: a neighbour that broke or stalled under one of our waits, or this
+    // rank itself (a disagreement it detected, a non-finite value, a local abort).
+    const bool peer_fault =
+        (error.code() == ErrorCode::kUnavailable || error.code() == ErrorCode::kDeadlineExceeded) &&
+        waiting_on_ >= 0;
+    failure_origin_ = peer_fault ? waiting_on_ : rank_;
+    failure_report_ = error.what();
+  }
+  if (!right_.empty() && right_[0]->peer_rank() != failure_origin_) {
+    SendSlot& notice = abort_notice_;
+    notice.header = ChunkHeader{};
+    notice.header.magic = ChunkHeader::kAbortMagic;
+    notice.header.seq = seq;
+    notice.header.count = static_cast<uint64_t>(failure_origin_);
+    notice.header.chunk_index = next_send_index_;
+    abort_text_ = failure_report_.substr(0, ChunkHeader::kMaxAbortBytes);
+    notice.header.payload_bytes = abort_text_.size();
+    notice.header.sender_rank = static_cast<uint32_t>(rank_);
+    notice.op.Set(&notice.header, sizeof(ChunkHeader), abort_text_.data(), abort_text_.size());
+    try {
+      right_[next_send_index_ % right_.size()]->PostSend(notice.op);
+      transport_->Wait(notice.op, Deadline::After(1), "an abort notice to the right neighbour");
+    } catch (const Error&) {
+      // Best effort: the neighbour may be the one that is gone, or stalled.
+    }
+  }
+  transport_->Close();
+}
+
 void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
                              const std::atomic<bool>* abort, const AllReduceOptions& call) {
   const uint64_t seq = seq_++;
-  const int n = world_size_;
   stats_ = WireStats{};
   PSGD_CHECK_LE(call.exact_tail, data.size());
-  if (n == 1) return;  // averaging over one rank is the identity
+  if (world_size_ == 1) return;  // averaging over one rank is the identity
+  if (failed_) {
+    Throw(ErrorCode::kAborted,
+          "rank {}: collective #{}: this communicator failed earlier (rank {} failed or is "
+          "gone: {}); restart the job",
+          rank_, seq, failure_origin_, failure_report_);
+  }
+  next_send_index_ = 0;
+  try {
+    Run(data, op, deadline, abort, call, seq);
+  } catch (const Error& error) {
+    NotifyAndClose(error, seq);
+    throw;
+  }
+}
+
+void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
+                       const std::atomic<bool>* abort, const AllReduceOptions& call,
+                       uint64_t seq) {
+  const int n = world_size_;
   if (data.empty()) {
     // Nothing to reduce, but neighbours must still agree: one header each way, so a rank that
     // calls with 0 elements while its neighbour has N fails by name instead of by timeout.
     if (send_slots_.empty()) send_slots_.resize(1);
     SendSlot& slot = send_slots_[0];
     PostChunk(slot, seq, op, 0, 0, CodecKind::kNone, nullptr, 0);
-    ChunkHeader header;
-    transport::Op recv;
+    ChunkHeader& header = recv_headers_[0];
+    transport::Op& recv = recv_header_ops_[0];
     recv.Set(&header, sizeof(ChunkHeader));
     left_[0]->PostRecv(recv);
-    transport_->Wait(recv, deadline, wait_header_.c_str(), abort);
+    WaitFor(recv, left_[0]->peer_rank(), deadline, wait_header_.c_str(), abort);
+    ThrowIfAbortNotice(header, 0, seq);
     CheckHeader(header, seq, op, 0, 0, CodecKind::kNone, 0);
-    transport_->Wait(slot.op, deadline, wait_send_.c_str(), abort);
+    WaitFor(slot.op, right_[0]->peer_rank(), deadline, wait_send_.c_str(), abort);
     return;
   }
 
@@ -307,8 +390,10 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
     PostChunk(send_slots_[index], seq, op, data.size(), index, kind, bytes.data(), bytes.size());
     return std::span<const std::byte>(bytes);
   };
+  const int left_rank = left_[0]->peer_rank();
+  const int right_rank = right_[0]->peer_rank();
   auto wait = [&](transport::Op& o, const char* what) {
-    transport_->Wait(o, deadline, what, abort);
+    WaitFor(o, what == wait_send_.c_str() ? right_rank : left_rank, deadline, what, abort);
   };
 
   // Reduce-scatter step 0: this rank's own block goes out whole, right away.
@@ -319,9 +404,11 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
 
   // Headers are received one chunk ahead of payloads, into two alternating buffers, so the
   // next header is already queued while a payload arrives.
-  ChunkHeader headers[2];
-  transport::Op header_ops[2];
-  transport::Op payload_op;
+  // Members, not locals: after an error the ops are still queued on their connections until
+  // NotifyAndClose closes them, which happens after this frame unwinds.
+  ChunkHeader* headers = recv_headers_;
+  transport::Op* header_ops = recv_header_ops_;
+  transport::Op& payload_op = recv_payload_op_;
   if (total_recvs > 0) {
     header_ops[0].Set(&headers[0], sizeof(ChunkHeader));
     left_[0]->PostRecv(header_ops[0]);
@@ -335,6 +422,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
       const bool encoded = coded(range);
       const uint64_t bytes = wire_bytes(range);
       wait(header_ops[index % 2], wait_header_.c_str());
+      ThrowIfAbortNotice(headers[index % 2], index % left_.size(), seq);
       CheckHeader(headers[index % 2], seq, op, data.size(), index,
                   encoded ? kind : CodecKind::kNone, bytes);
 
