@@ -254,8 +254,11 @@ TEST(Run, LocalWorkersShareAJobTokenThatIsOnNoCommandLine) {
     workers = Children(run);
   }
   ASSERT_EQ(workers.size(), 2u);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past exec
-  const std::string token = EnvOf(workers[0], "PIPESGD_JOB_TOKEN");
+  std::string token;
+  for (int i = 0; i < 100 && token.empty(); ++i) {  // until the workers have exec'd
+    token = EnvOf(workers[0], "PIPESGD_JOB_TOKEN");
+    if (token.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   EXPECT_TRUE(std::regex_match(token, std::regex("[0-9a-f]{32}"))) << token;
   EXPECT_EQ(EnvOf(workers[1], "PIPESGD_JOB_TOKEN"), token);
   for (pid_t p : {run, workers[0], workers[1]}) {
