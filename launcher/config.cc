@@ -1,5 +1,6 @@
 #include "launcher/config.h"
 
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -28,6 +29,7 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
+#include "transport/ifname.h"
 
 namespace pipesgd::launcher {
 namespace {
@@ -676,6 +678,16 @@ class Validator {
           config::Comm::trunc16);
     check(config::Comm::kStochasticRoundingFieldNumber, comm.stochastic_rounding(),
           config::Comm::q8);
+    if (!comm.network_interface().empty()) {
+      try {
+        transport::ParseInterfaceFilter(comm.network_interface());
+      } catch (const Error& e) {
+        steps->push_back({Field<config::Comm>(config::Comm::kNetworkInterfaceFieldNumber), -1});
+        Report(*steps, fmt::format("{} = \"{}\": {}", PathString(*steps),
+                                   pb::CEscape(comm.network_interface()), e.what()));
+        steps->pop_back();
+      }
+    }
   }
 
   void CheckLayer(const config::Layer& layer, std::vector<Step>* steps) {
@@ -816,6 +828,18 @@ config::Job LoadJobConfig(const std::string& path, const std::vector<std::string
   const std::set<std::string> filled = FillDefaults(&job);
   Validator(path, &tree, applied, filled).Run(job);
   return job;
+}
+
+std::string TransportEnumName(const std::string& name) {
+  auto lower = [](std::string text) {
+    for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return text;
+  };
+  const pb::EnumDescriptor* type = config::Transport_descriptor();
+  for (int i = 0; i < type->value_count(); ++i) {
+    if (lower(type->value(i)->name()) == lower(name)) return type->value(i)->name();
+  }
+  return name;
 }
 
 std::string FormatConfig(const config::Job& job, bool single_line) {

@@ -26,6 +26,11 @@ namespace pipesgd::launcher {
 //    override instead of a line.
 config::Job LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides);
 
+// The schema's spelling of a comm.transport value, matched without regard to case ("tcp" ->
+// "TCP"), for `pipesgd run --transport`; `name` unchanged when no value matches (loading the
+// config then fails listing the valid values).
+std::string TransportEnumName(const std::string& name);
+
 // The effective configuration as protobuf text, every field present (defaults included), for
 // printing at start and for comparing ranks. `single_line` prints it on one line.
 std::string FormatConfig(const config::Job& job, bool single_line = false);

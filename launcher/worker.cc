@@ -27,6 +27,7 @@
 #include "core/train/trainer.h"
 #include "launcher/config.h"
 #include "layers/model.h"
+#include "transport/ifname.h"
 #include "transport/message_io.h"
 #include "transport/rendezvous.h"
 #include "transport/tcp/tcp_transport.h"
@@ -182,22 +183,31 @@ std::string JobDescription(const config::Job& job) {
   copy.mutable_data()->clear_train_labels();
   copy.mutable_data()->clear_test_images();
   copy.mutable_data()->clear_test_labels();
+  copy.mutable_comm()->clear_network_interface();  // interface names differ between machines
   return "pipesgd " PIPESGD_VERSION "\n" + FormatConfig(copy);
 }
 
 std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
                                                       const collective::CommunicatorOptions& options,
                                                       Deadline deadline,
-                                                      const std::string& timeout_setting) {
+                                                      const std::string& timeout_setting,
+                                                      const std::string& network_interface) {
   transport::tcp::TcpOptions tcp;
   tcp.rank = env.rank;
   tcp.world_size = env.world_size;
-  tcp.bind_host = env.world_size == 1
-                      ? "127.0.0.1"
-                      : transport::LocalIpToward(env.master_addr, env.master_port);
+  const transport::LocalInterface local =
+      env.world_size == 1 ? transport::LocalInterface{"lo", "127.0.0.1", true, true}
+                          : transport::ChooseLocalInterface(network_interface, env.master_addr,
+                                                            env.master_port);
+  tcp.bind_host = local.address;
+  PSGD_LOG_INFO("rank {} on {}: transport tcp, interface {}, address {}{}", env.rank, env.host,
+                local.name, local.address,
+                network_interface.empty()
+                    ? ""
+                    : fmt::format(" (comm.network_interface = {})", network_interface));
   auto transport = transport::tcp::CreateTcpTransport(tcp);
   transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, env.world_size,
-                                   job};
+                                   job, env.job_token};
   try {
     auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
     return collective::Communicator::Create(std::move(transport), env.world_size, addresses,
@@ -210,6 +220,13 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
 
 JobEnv ReadJobEnv() {
   JobEnv env;
+  if (const char* token = std::getenv("PIPESGD_JOB_TOKEN"); token) env.job_token = token;
+  if (const char* host = std::getenv("PIPESGD_HOST"); host && *host) {
+    env.host = host;
+  } else {
+    char name[256] = {};
+    env.host = gethostname(name, sizeof(name) - 1) == 0 ? name : "this host";
+  }
   const char* rank = std::getenv("RANK");
   const char* world = std::getenv("WORLD_SIZE");
   if (!rank && !world) return env;  // a single process
@@ -354,7 +371,8 @@ void RunWorker(const WorkerArgs& args) {
   comm_options.error_feedback = comm_cfg.error_feedback();
   auto comm = ConnectRing(env, JobDescription(job), comm_options,
                           Deadline::After(comm_cfg.start_timeout_s()),
-                          fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
+                          fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()),
+                          comm_cfg.network_interface());
   if (lead) PSGD_LOG_INFO("ring connected: {} ranks over tcp", env.world_size);
 
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),

@@ -23,25 +23,34 @@ struct WorkerArgs {
 
 // Where this rank sits in the job, from the environment variables torchrun and Horovod use:
 // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK, unused on the CPU). With neither
-// RANK nor WORLD_SIZE set the job is a single process.
+// RANK nor WORLD_SIZE set the job is a single process. Plus pipesgd's own: PIPESGD_JOB_TOKEN
+// (the job's secret for the rendezvous; unset: unauthenticated) and PIPESGD_HOST (the host's
+// name in the launcher's host list, for messages; default: this machine's hostname).
 struct JobEnv {
   int rank = 0;
   int world_size = 1;
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 29500;
+  std::string job_token;
+  std::string host;
 };
 
 // What every rank of a job must agree on, compared at rendezvous: the program version and the
-// effective config, except the data paths (they may differ from machine to machine).
+// effective config, except the data paths and comm.network_interface (they may differ from
+// machine to machine).
 std::string JobDescription(const config::Job& job);
 
-// Publishes this rank's TCP endpoint (on the interface that reaches MASTER_ADDR), meets the other
-// ranks at the rendezvous (all must pass the same `job` text) and connects the ring, all within
-// `deadline`. A deadline error names `timeout_setting` (e.g. "comm.start_timeout_s = 60 s").
+// Publishes this rank's TCP endpoint (on the interface `network_interface` selects, in
+// NCCL_SOCKET_IFNAME grammar; empty: the one that reaches MASTER_ADDR), logs the choice ("rank 2
+// on lab2: transport tcp, interface eth0, address 10.0.0.3"), meets the other ranks at the
+// rendezvous (all must pass the same `job` text; env.job_token authenticates) and connects the
+// ring, all within `deadline`. A deadline error names `timeout_setting` (e.g.
+// "comm.start_timeout_s = 60 s").
 std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
                                                       const collective::CommunicatorOptions& options,
                                                       Deadline deadline,
-                                                      const std::string& timeout_setting);
+                                                      const std::string& timeout_setting,
+                                                      const std::string& network_interface = "");
 
 // Reads and checks the variables. Throws Error kInvalidArgument naming the variable, its value
 // and what was expected.
