@@ -808,8 +808,11 @@ std::set<std::string> FillDefaults(Message* message) {
 }  // namespace
 
 config::Job LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides) {
-  const std::string text = ReadFile(path);
+  return ParseJobConfig(ReadFile(path), path, overrides);
+}
 
+config::Job ParseJobConfig(const std::string& text, const std::string& path,
+                           const std::vector<std::string>& overrides) {
   config::Job job;
   TextFormat::ParseInfoTree tree;
   FileErrorCollector errors(path, text);

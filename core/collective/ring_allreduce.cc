@@ -112,34 +112,50 @@ Communicator::~Communicator() {
   connections_.clear();
 }
 
-void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op,
-                               uint64_t count, uint64_t chunk_index, CodecKind codec,
-                               uint64_t payload_bytes) const {
-  const int left = left_[0]->peer_rank();
+void CheckChunkHeader(const ChunkHeader& got, const ChunkHeader& want, int rank, int left) {
   if (got.magic != ChunkHeader::kMagic || got.version != ChunkHeader::kVersion) {
     Throw(ErrorCode::kDataLoss,
           "rank {}: received a chunk header from rank {} with magic {:#010x} version {}, "
           "expected {:#010x} version {}: the stream is out of sync",
-          rank_, left, got.magic, got.version, ChunkHeader::kMagic, ChunkHeader::kVersion);
+          rank, left, got.magic, got.version, ChunkHeader::kMagic, ChunkHeader::kVersion);
   }
   auto mismatch = [&](const char* what, auto theirs, auto ours) {
     Throw(ErrorCode::kDataLoss,
           "rank {}: collective #{} disagrees with rank {}: rank {} has {} = {}, rank {} has {} = "
           "{}",
-          rank_, seq, left, left, what, theirs, rank_, what, ours);
+          rank, want.seq, left, left, what, theirs, rank, what, ours);
   };
-  if (got.seq != seq) mismatch("collective sequence number", got.seq, seq);
-  if (got.op != static_cast<uint8_t>(op) || got.dtype != static_cast<uint8_t>(DataType::kFloat32)) {
+  if (got.seq != want.seq) mismatch("collective sequence number", got.seq, want.seq);
+  if (got.op != want.op || got.dtype != want.dtype) {
     mismatch("op/dtype", fmt::format("{}/{}", got.op, got.dtype),
-             fmt::format("{}/{}", static_cast<int>(op), static_cast<int>(DataType::kFloat32)));
+             fmt::format("{}/{}", want.op, want.dtype));
   }
-  if (got.count != count) mismatch("count (elements)", got.count, count);
-  if (got.chunk_index != chunk_index) mismatch("chunk index", got.chunk_index, chunk_index);
-  if (got.codec != static_cast<uint8_t>(codec)) {
-    mismatch(fmt::format("compression of chunk {}", chunk_index).c_str(),
-             CodecName(static_cast<CodecKind>(got.codec)), CodecName(codec));
+  if (got.count != want.count) mismatch("count (elements)", got.count, want.count);
+  if (got.chunk_index != want.chunk_index) {
+    mismatch("chunk index", got.chunk_index, want.chunk_index);
   }
-  if (got.payload_bytes != payload_bytes) mismatch("chunk bytes", got.payload_bytes, payload_bytes);
+  if (got.codec != want.codec) {
+    mismatch(fmt::format("compression of chunk {}", want.chunk_index).c_str(),
+             CodecName(static_cast<CodecKind>(got.codec)),
+             CodecName(static_cast<CodecKind>(want.codec)));
+  }
+  if (got.payload_bytes != want.payload_bytes) {
+    mismatch("chunk bytes", got.payload_bytes, want.payload_bytes);
+  }
+}
+
+void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op,
+                               uint64_t count, uint64_t chunk_index, CodecKind codec,
+                               uint64_t payload_bytes) const {
+  ChunkHeader want;
+  want.op = static_cast<uint8_t>(op);
+  want.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  want.codec = static_cast<uint8_t>(codec);
+  want.seq = seq;
+  want.count = count;
+  want.chunk_index = chunk_index;
+  want.payload_bytes = payload_bytes;
+  CheckChunkHeader(got, want, rank_, left_[0]->peer_rank());
 }
 
 void Communicator::PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t count,

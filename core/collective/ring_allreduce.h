@@ -104,6 +104,11 @@ static_assert(sizeof(ChunkHeader) == 48);
 // Measured on the emulated 1gbit lab: docs/results/allreduce_lab_1gbit.md.
 uint64_t AutoChunkBytes(uint64_t count, int world_size);
 
+// Checks a received chunk header against the one `rank` expects from its left neighbour
+// `left` (magic, version, sequence, op, dtype, count, chunk index, codec, payload bytes; the
+// sender rank is not checked). Throws Error(kDataLoss) naming both ranks and both values.
+void CheckChunkHeader(const ChunkHeader& got, const ChunkHeader& want, int rank, int left);
+
 struct CommunicatorOptions {
   static constexpr uint64_t kAutoChunkBytes = 0;
   // Bytes per chunk: a multiple of 4 (whole floats), at least 4; or kAutoChunkBytes, which

@@ -145,8 +145,12 @@ checkpoint::Checkpoint ReadCheckpoint(const fs::path& path) {
     Throw(ErrorCode::kIo, "checkpoint {}: cannot open: {}", path.string(), std::strerror(errno));
   }
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseCheckpoint(bytes, path.string());
+}
+
+checkpoint::Checkpoint ParseCheckpoint(const std::string& bytes, const std::string& name) {
   auto bad = [&](const std::string& why) {
-    Throw(ErrorCode::kDataLoss, "checkpoint {}: {}", path.string(), why);
+    Throw(ErrorCode::kDataLoss, "checkpoint {}: {}", name, why);
   };
   if (bytes.size() < kHeaderBytes + kTrailerBytes) {
     bad(fmt::format("truncated: {} bytes, shorter than the {}-byte frame", bytes.size(),

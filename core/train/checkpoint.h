@@ -31,6 +31,8 @@ void WriteCheckpoint(const std::filesystem::path& dir, const checkpoint::Checkpo
 // (truncated, bad magic or version, length or checksum mismatch, unparsable payload),
 // Error(kNotFound) if it does not exist.
 checkpoint::Checkpoint ReadCheckpoint(const std::filesystem::path& path);
+// The same for a file's bytes already in memory; `name` only names it in messages.
+checkpoint::Checkpoint ParseCheckpoint(const std::string& bytes, const std::string& name);
 
 // This rank's newest checkpoint in dir that verifies (at `step` exactly when given), skipping
 // (with a warning naming the file and the reason) any that do not; nullopt if none does.
