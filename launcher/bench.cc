@@ -156,6 +156,9 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   std::vector<float> input, output;
   std::unique_ptr<transport::MemoryRegion> input_region, output_region;  // destroyed before comm
   const std::unique_ptr<Codec> codec = compressed ? MakeCodec(options.codec) : nullptr;
+  // Timings and counts travel uncompressed: a codec would round them (trunc16 keeps 8 bits).
+  collective::AllReduceOptions kExact;
+  kExact.compress = false;
   for (double size = static_cast<double>(args.min_bytes); size <= args.max_bytes * 1.0000001;
        size = std::max(size * args.factor, size + 4)) {
     const uint64_t count = static_cast<uint64_t>(size) / sizeof(float);
@@ -188,7 +191,8 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
       refill();
       for (int i = 0; i < args.warmup; ++i) once();
       float sync = 0;
-      comm->AllReduce(std::span<float>(&sync, 1), ReduceOp::kSum, deadline());  // common start
+      comm->AllReduce(std::span<float>(&sync, 1), ReduceOp::kSum, deadline(), nullptr,
+                      kExact);  // common start
       const auto t0 = Clock::now();
       for (int i = 0; i < args.iters; ++i) once();
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / args.iters;
@@ -211,7 +215,7 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
       }
       // Mean time over ranks; wrong elements summed over ranks (exact below 2^24).
       float stats[2] = {static_cast<float>(seconds), static_cast<float>(wrong)};
-      comm->AllReduce(std::span<float>(stats, 2), ReduceOp::kSum, deadline());
+      comm->AllReduce(std::span<float>(stats, 2), ReduceOp::kSum, deadline(), nullptr, kExact);
       Result& r = results[pass];
       r.time_us = stats[0] / n * 1e6;
       r.algbw = r.time_us > 0 ? bytes / (r.time_us * 1e-6) / 1e9 : 0;

@@ -583,6 +583,9 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Comm>(Comm::kMinBytesFieldNumber), IntRange{0, std::nullopt}},
       {Field<Comm>(Comm::kIbPortFieldNumber), IntRange{0, 255}},
       {Field<Comm>(Comm::kGidIndexFieldNumber), IntRange{-1, 255}},
+      {Field<config::Checkpoint>(config::Checkpoint::kEveryStepsFieldNumber), IntRange{0, std::nullopt}},
+      {Field<config::Checkpoint>(config::Checkpoint::kEveryEpochsFieldNumber), IntRange{0, std::nullopt}},
+      {Field<config::Checkpoint>(config::Checkpoint::kKeepFieldNumber), IntRange{1, 1000}},
       // seed: any uint64; transport: the parser admits only declared enum values.
   };
   return rules;
@@ -823,8 +826,11 @@ std::set<std::string> FillDefaults(Message* message) {
 }  // namespace
 
 config::Job LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides) {
-  const std::string text = ReadFile(path);
+  return ParseJobConfig(ReadFile(path), path, overrides);
+}
 
+config::Job ParseJobConfig(const std::string& text, const std::string& path,
+                           const std::vector<std::string>& overrides) {
   config::Job job;
   TextFormat::ParseInfoTree tree;
   FileErrorCollector errors(path, text);
@@ -843,6 +849,18 @@ config::Job LoadJobConfig(const std::string& path, const std::vector<std::string
   const std::set<std::string> filled = FillDefaults(&job);
   Validator(path, &tree, applied, filled).Run(job);
   return job;
+}
+
+std::string TransportEnumName(const std::string& name) {
+  auto lower = [](std::string text) {
+    for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return text;
+  };
+  const pb::EnumDescriptor* type = config::Transport_descriptor();
+  for (int i = 0; i < type->value_count(); ++i) {
+    if (lower(type->value(i)->name()) == lower(name)) return type->value(i)->name();
+  }
+  return name;
 }
 
 std::string FormatConfig(const config::Job& job, bool single_line) {

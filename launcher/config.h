@@ -25,6 +25,14 @@ namespace pipesgd::launcher {
 //    pipesgd.config.Train (fields: batch_size, ...)"); an out-of-range override value names the
 //    override instead of a line.
 config::Job LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides);
+// The same for config text already in memory; `path` only names it in messages.
+config::Job ParseJobConfig(const std::string& text, const std::string& path,
+                           const std::vector<std::string>& overrides);
+
+// The schema's spelling of a comm.transport value, matched without regard to case ("tcp" ->
+// "TCP"), for `pipesgd run --transport`; `name` unchanged when no value matches (loading the
+// config then fails listing the valid values).
+std::string TransportEnumName(const std::string& name);
 
 // The effective configuration as protobuf text, every field present (defaults included), for
 // printing at start and for comparing ranks. `single_line` prints it on one line.

@@ -1,5 +1,6 @@
 // pipesgd: pipelined data-parallel SGD over a ring AllReduce.
 //   pipesgd run -np 4 configs/fashion_mnist_mlp.pbtxt [--set key=value]... [--out DIR]
+//   pipesgd run -H lab0:1,lab1:1 -np 2 CONFIG   (ranks over ssh; or --hostfile FILE)
 //   pipesgd worker CONFIG      (one rank; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from env)
 //   pipesgd bench allreduce --np 4 [--transport tcp|ucx|ibverbs|auto] ...
 //   pipesgd info               (transports, RDMA devices, GPUDirect, BLAS of this build and host)
@@ -13,6 +14,10 @@
 #include "core/base/log.h"
 #include "launcher/bench.h"
 #include "launcher/info.h"
+#include "launcher/config.h"
+#include "launcher/hostfile.h"
+#include "launcher/remote_rank.h"
+#include "launcher/ssh_launcher.h"
 #include "launcher/supervisor.h"
 #include "launcher/worker.h"
 
@@ -40,28 +45,88 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "pipesgd " PIPESGD_VERSION);
 
   pipesgd::launcher::RunArgs run;
+  pipesgd::launcher::SshOptions ssh;
+  std::vector<std::string> host_lists;
+  std::string hostfile, transport_name, network_interface;
   auto* run_cmd = app.add_subcommand(
-      "run", "Start N local worker processes on this machine and supervise them");
-  run_cmd->add_option("-n,--np", run.num_processes, "Number of worker processes (ranks)")
-      ->required()
+      "run",
+      "Start the ranks of a job and supervise them: N local workers (-np N), or ranks on other "
+      "machines over ssh (-H host:slots,... or --hostfile FILE)");
+  run_cmd->add_option("-n,--np", run.num_processes,
+                      "Number of ranks (with -H/--hostfile: default all slots; at most that)")
       ->check(CLI::Range(1, 1024));
   run_cmd->add_option("config", run.config_path, "Job config (protobuf text format)")
       ->required()
       ->check(CLI::ExistingFile);
   run_cmd->add_option("--set", run.overrides, kSetHelp)->allow_extra_args(false);
   run_cmd->add_option("--out", run.out_dir,
-                      "Directory for metrics.jsonl (one line per epoch) and summary.json")
+                      "Directory for metrics.jsonl (one line per epoch) and summary.json "
+                      "(written by rank 0, on its host)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  run_cmd->add_option("--output-dir", run.output_dir,
+                      "Keep each rank's stdout and stderr in DIR/rank.R/{stdout,stderr} (on this "
+                      "machine), besides printing them")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   run_cmd->add_option("--master-addr", run.master_addr,
-                      "Address rank 0 listens on for the rendezvous")
-      ->capture_default_str();
+                      "Address rank 0 listens on for the rendezvous (default: 127.0.0.1; over "
+                      "ssh: the address rank 0's host was reached at, or its address on "
+                      "--network-interface)");
   run_cmd->add_option("--master-port", run.master_port,
-                      "Rendezvous port (default: a free port)")
+                      "Rendezvous port (default: a free port; over ssh, one free on rank 0's "
+                      "host)")
       ->check(CLI::Range(0, 65535));
-  run_cmd->add_flag("-v,--verbose", run.verbose, "Debug logging in every worker");
+  run_cmd->add_option("-x", run.forward_env,
+                      "Set an environment variable on every rank: NAME (this shell's value) or "
+                      "NAME=VALUE (repeatable, as mpirun -x)")
+      ->allow_extra_args(false);
+  run_cmd->add_option("--transport", transport_name,
+                      "Transport between ranks, for every rank: tcp, ucx, ibverbs or auto (= --set "
+                      "comm.transport=NAME)");
+  run_cmd->add_option("--network-interface", network_interface,
+                      "Network interface(s) every rank uses, NCCL_SOCKET_IFNAME grammar: eth,ib "
+                      "(prefixes) ^docker,lo (exclude) =eth0 (exact) (= --set "
+                      "comm.network_interface=...)");
+  run_cmd->add_flag("-v,--verbose", run.verbose,
+                    "Debug logging in every worker; over ssh also the host in each line's prefix");
+  run_cmd->add_flag("--resume", run.resume,
+                    "Continue from the newest checkpoint every rank has in checkpoint.dir");
+  auto* hosts_opt = run_cmd->add_option(
+      "-H,--host", host_lists,
+      "Run over ssh on these hosts: host[:slots],... (slots default 1; repeatable). Ranks fill "
+      "the hosts in order, slot by slot");
+  auto* hostfile_opt = run_cmd->add_option(
+      "--hostfile,--machinefile", hostfile,
+      "Run over ssh on the hosts of an Open MPI hostfile: 'host [slots=N]' per line, # comments");
+  hosts_opt->excludes(hostfile_opt);
+  std::vector<CLI::Option*> ssh_only = {
+      run_cmd->add_option("--ssh-port", ssh.port, "ssh port on every host (ssh -p)")
+          ->check(CLI::Range(1, 65535)),
+      run_cmd->add_option("--ssh-identity", ssh.identity, "ssh private key file (ssh -i)")
+          ->check(CLI::ExistingFile),
+      run_cmd->add_option("-F,--ssh-config", ssh.config_file,
+                          "ssh client config file (ssh -F), e.g. $(scripts/lab ssh-config)")
+          ->check(CLI::ExistingFile),
+      run_cmd->add_option("--ssh-option", ssh.options,
+                          "Extra ssh option, passed as -o OPTION ahead of pipesgd's defaults "
+                          "(repeatable), e.g. --ssh-option StrictHostKeyChecking=accept-new")
+          ->allow_extra_args(false),
+      run_cmd->add_option("--ssh-connect-timeout", ssh.connect_timeout_s,
+                          "Seconds for ssh to connect to a host (ssh -o ConnectTimeout)")
+          ->capture_default_str()
+          ->check(CLI::Range(1.0, 3600.0)),
+      run_cmd->add_option("--ssh-program", ssh.program,
+                          "The ssh client to run (same options as OpenSSH's)")
+          ->capture_default_str(),
+      run_cmd->add_option("--remote-binary", ssh.remote_binary,
+                          "Absolute path of pipesgd on the hosts (default: this binary's path)"),
+  };
   run_cmd->footer(
-      "Each worker's output is prefixed with [rank R]. If any worker fails, the others are "
-      "stopped and the run exits non-zero naming the rank.");
+      "Each rank's output is prefixed with [rank R]. If any rank fails, the others are stopped "
+      "(over ssh: on every host, with everything they started) and the run exits with that "
+      "rank's status, naming it. Ctrl-C stops every rank.\n"
+      "Over ssh: ssh runs with BatchMode=yes (never a prompt); every host is checked first "
+      "(reachable, same pipesgd binary), the config is shipped to each rank, and the job token "
+      "travels on the ssh session's stdin.");
 
   pipesgd::launcher::WorkerArgs worker;
   auto* worker_cmd = app.add_subcommand(
@@ -75,6 +140,8 @@ int main(int argc, char** argv) {
                          "Directory for metrics.jsonl and summary.json (written by rank 0)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   worker_cmd->add_flag("-v,--verbose", worker.verbose, "Debug logging");
+  worker_cmd->add_flag("--resume", worker.resume,
+                       "Continue from the newest checkpoint every rank has in checkpoint.dir");
 
   pipesgd::launcher::AllReduceBenchArgs bench;
   pipesgd::launcher::RunArgs bench_run;
@@ -134,11 +201,20 @@ int main(int argc, char** argv) {
   auto* info_cmd = app.add_subcommand(
       "info", "Print what this build and host support: transports, RDMA devices, GPUDirect, BLAS");
 
+  // What `pipesgd run` runs over ssh (launcher/remote_rank.h); hidden from --help.
+  auto* remote_rank_cmd = app.add_subcommand(
+      "remote-rank", "One rank started over ssh by pipesgd run (reads the job on stdin)");
+  remote_rank_cmd->group("");
+  auto* remote_probe_cmd =
+      app.add_subcommand("remote-probe", "Preflight of pipesgd run over ssh");
+  remote_probe_cmd->group("");
+
   app.footer("Exit status: 0 on success, 1 on an error (printed as 'error: ...'), 2 on a usage "
              "error; `run` exits with the failing worker's status.");
   // CLI11 reports an unknown subcommand as "a subcommand is required"; say what was wrong.
   if (args.size() > 1 && args[1][0] != '-' && args[1] != "run" && args[1] != "worker" &&
-      args[1] != "bench" && args[1] != "info") {
+      args[1] != "bench" && args[1] != "info" && args[1] != "remote-rank" &&
+      args[1] != "remote-probe") {
     std::fprintf(stderr, "error: unknown subcommand '%s' (expected run, worker, bench or info; "
                          "see pipesgd --help)\n", args[1].c_str());
     return 2;
@@ -156,9 +232,50 @@ int main(int argc, char** argv) {
       std::fputs(pipesgd::launcher::InfoReport().c_str(), stdout);
       return 0;
     }
+    if (*remote_probe_cmd) return pipesgd::launcher::RunRemoteProbe();
+    if (*remote_rank_cmd) {
+      pipesgd::InitLogging(false);
+      return pipesgd::launcher::RunRemoteRank();
+    }
     if (*run_cmd) {
       pipesgd::InitLogging(run.verbose);
-      return pipesgd::launcher::RunLocal(run);
+      const bool over_ssh = !host_lists.empty() || !hostfile.empty();
+      if (!over_ssh) {
+        for (const auto* o : ssh_only) {
+          if (o->count() > 0) {
+            std::fprintf(stderr, "error: %s applies only to runs over ssh (-H or --hostfile)\n",
+                         o->get_name().c_str());
+            return 2;
+          }
+        }
+        if (run_cmd->count("--np") == 0) {
+          std::fprintf(stderr, "error: run: give -np N (local workers), or -H / --hostfile "
+                               "(ranks over ssh)\n");
+          return 2;
+        }
+      }
+      run.master_addr_given = run_cmd->count("--master-addr") > 0;
+      // Per-network choices reach every rank as config overrides, so the config check and the
+      // rendezvous's comparison of configs cover them too.
+      if (!transport_name.empty()) {
+        run.overrides.push_back("comm.transport=" +
+                                pipesgd::launcher::TransportEnumName(transport_name));
+      }
+      if (run_cmd->count("--network-interface") > 0) {
+        run.overrides.push_back("comm.network_interface=" + network_interface);
+      }
+      if (!over_ssh) return pipesgd::launcher::RunLocal(run);
+      if (!hostfile.empty()) {
+        ssh.hosts = pipesgd::launcher::ReadHostfile(hostfile);
+      } else {
+        std::string joined;
+        for (const auto& h : host_lists) joined += (joined.empty() ? "" : ",") + h;
+        ssh.hosts = pipesgd::launcher::ParseHostList(joined);
+      }
+      if (run_cmd->count("--np") == 0) {
+        run.num_processes = pipesgd::launcher::TotalSlots(ssh.hosts);
+      }
+      return pipesgd::launcher::RunOverSsh(run, ssh);
     }
     if (*bench_cmd) {
       pipesgd::InitLogging(false);

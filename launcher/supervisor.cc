@@ -5,12 +5,12 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -31,6 +31,34 @@ void OnSignal(int sig) {
   const unsigned char s = static_cast<unsigned char>(sig);
   [[maybe_unused]] ssize_t ignored = write(g_signal_pipe[1], &s, 1);
 }
+
+// Installs the handlers for the lifetime of one Supervise call and restores the defaults after.
+class SignalCatcher {
+ public:
+  SignalCatcher() {
+    if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+      Throw(ErrorCode::kIo, "pipe: {}", std::strerror(errno));
+    }
+    struct sigaction sa{};
+    sa.sa_handler = OnSignal;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGHUP, &sa, nullptr);
+    // A closed stdout shows up as a failed write, handled below, not as a silent death.
+    signal(SIGPIPE, SIG_IGN);
+  }
+  ~SignalCatcher() {
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    close(g_signal_pipe[0]);
+    close(g_signal_pipe[1]);
+    g_signal_pipe[0] = g_signal_pipe[1] = -1;
+  }
+  SignalCatcher(const SignalCatcher&) = delete;
+  SignalCatcher& operator=(const SignalCatcher&) = delete;
+  int fd() const { return g_signal_pipe[0]; }
+};
 
 // Reserves a free port for the rendezvous: a socket bound with SO_REUSEADDR but not listening.
 // While it stays open the kernel hands the port to no outgoing connection, yet rank 0 can still
@@ -68,119 +96,344 @@ void ReservePort(const std::string& addr, ReservedPort* reserved) {
   reserved->port = ntohs(sa.sin_port);
 }
 
-std::string SelfExe() {
-  std::error_code ec;
-  auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) Throw(ErrorCode::kIo, "cannot find this program's path: {}", ec.message());
-  return path.string();
+void CloseFd(int* fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
 }
 
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  }
-  return fmt::format("ended with wait status {}", status);
-}
-
-int ExitCodeOf(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
-// One worker process and its two output streams.
-struct Worker {
-  int rank = 0;
-  pid_t pid = -1;
-  int out_fd = -1;
-  int err_fd = -1;
+// One running rank, its streams and what became of it.
+struct Rank {
+  RankCommand command;
+  Child child;
+  size_t stdin_written = 0;
   std::string out_partial;
   std::string err_partial;
+  int out_file = -1;  // --output-dir files
+  int err_file = -1;
   std::optional<int> status;
+
+  ~Rank() {
+    CloseFd(&child.stdin_fd);
+    CloseFd(&child.out_fd);
+    CloseFd(&child.err_fd);
+    CloseFd(&out_file);
+    CloseFd(&err_file);
+  }
 };
 
-// Prefixes complete lines of `data` with the rank and writes them to `fd`; keeps the remainder.
-// Returns false if `fd` is closed (e.g. `pipesgd run ... | head`).
-bool Forward(int rank, std::string& partial, const char* data, size_t n, int fd, bool flush_all) {
+// Prefixes complete lines of `data` and writes them to `fd`; keeps the remainder. Returns false
+// if `fd` is closed (e.g. `pipesgd run ... | head`).
+bool Forward(const std::string& prefix, std::string& partial, const char* data, size_t n, int fd,
+             bool flush_all) {
   partial.append(data, n);
   size_t start = 0;
   std::string out;
   while (true) {
     size_t nl = partial.find('\n', start);
     if (nl == std::string::npos) break;
-    out += fmt::format("[rank {}] ", rank);
+    out += prefix;
     out.append(partial, start, nl + 1 - start);
     start = nl + 1;
   }
   partial.erase(0, start);
   if (flush_all && !partial.empty()) {
-    out += fmt::format("[rank {}] {}\n", rank, partial);
+    out += prefix + partial + "\n";
     partial.clear();
   }
-  size_t done = 0;
-  while (done < out.size()) {
-    ssize_t w = write(fd, out.data() + done, out.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    done += static_cast<size_t>(w);
-  }
-  return true;
+  return WriteAll(fd, out.data(), out.size());
 }
 
-pid_t SpawnWorker(const std::string& exe, const RunArgs& args, int rank, uint16_t port,
-                  int out_fd, int err_fd) {
-  std::vector<std::string> argv = {exe};
-  if (!args.worker_command.empty()) {
-    argv.insert(argv.end(), args.worker_command.begin(), args.worker_command.end());
-  } else {
-    argv.insert(argv.end(), {"worker", args.config_path});
-    for (const auto& o : args.overrides) {
-      argv.push_back("--set");
-      argv.push_back(o);
-    }
-    if (!args.out_dir.empty()) {
-      argv.push_back("--out");
-      argv.push_back(args.out_dir);
-    }
-    if (args.verbose) argv.push_back("--verbose");
-  }
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const std::string rank_s = std::to_string(rank);
-  const std::string world_s = std::to_string(args.num_processes);
-  const std::string port_s = std::to_string(port);
+// "rank 1 (pid 1234)" for a local rank, "rank 2 on lab2" for a remote one.
+std::string Name(const Rank& r) {
+  if (r.command.host.empty()) return fmt::format("rank {} (pid {})", r.command.rank, r.child.pid);
+  return fmt::format("rank {} on {}", r.command.rank, r.command.host);
+}
 
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) Throw(ErrorCode::kIo, "cannot start rank {}: fork: {}", rank, std::strerror(errno));
-  if (pid == 0) {
-    // If the launcher dies without stopping us (kill -9, a closed terminal), stop too; the
-    // getppid() check closes the race with a launcher that died before prctl.
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(1);
-    dup2(out_fd, STDOUT_FILENO);
-    dup2(err_fd, STDERR_FILENO);
-    setenv("RANK", rank_s.c_str(), 1);
-    setenv("LOCAL_RANK", rank_s.c_str(), 1);
-    setenv("WORLD_SIZE", world_s.c_str(), 1);
-    setenv("MASTER_ADDR", args.master_addr.c_str(), 1);
-    setenv("MASTER_PORT", port_s.c_str(), 1);
-    // N workers share this machine's cores: one BLAS thread each unless the user says otherwise.
-    setenv("OPENBLAS_NUM_THREADS", "1", 0);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGHUP, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
-    execv(exe.c_str(), cargv.data());
-    fprintf(stderr, "cannot exec %s: %s\n", exe.c_str(), strerror(errno));
-    _exit(127);
+bool RemoteSignalStatus(int code) { return code > 128 && code <= 128 + 64; }
+
+// What a rank's end means, in words.
+std::string Describe(const Rank& r, int status, bool remote) {
+  if (!remote || !WIFEXITED(status)) {
+    std::string what = DescribeWaitStatus(status);
+    if (remote) what = "(its ssh) " + what;
+    return what;
   }
-  return pid;
+  const int code = WEXITSTATUS(status);
+  if (code == 255) {
+    return fmt::format("exited with status 255: ssh failed or lost the connection to {} (see "
+                       "ssh's message above)",
+                       r.command.host);
+  }
+  if (RemoteSignalStatus(code)) {
+    return fmt::format("exited with status {}: its worker was killed by signal {} ({})", code,
+                       code - 128, strsignal(code - 128));
+  }
+  return fmt::format("exited with status {}", code);
+}
+
+// A death that is the likely cause of the others' failures: a signal, or (over ssh) a lost host.
+bool IsRootCause(int status, bool remote) {
+  if (WIFSIGNALED(status)) return true;
+  if (!remote || !WIFEXITED(status)) return false;
+  const int code = WEXITSTATUS(status);
+  return code == 255 || RemoteSignalStatus(code);
+}
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> ResolveForwardedEnv(
+    const std::vector<std::string>& entries) {
+  static const char* const kReserved[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
+                                          "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                          "PIPESGD_JOB_TOKEN", "PIPESGD_HOST"};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& entry : entries) {
+    const size_t eq = entry.find('=');
+    const std::string name = entry.substr(0, eq);
+    bool valid = !name.empty() && !(name[0] >= '0' && name[0] <= '9');
+    for (char c : name) {
+      valid &= (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    }
+    if (!valid) {
+      Throw(ErrorCode::kInvalidArgument,
+            "-x {}: expected NAME or NAME=VALUE, NAME of letters, digits and _", entry);
+    }
+    for (const char* reserved : kReserved) {
+      if (name == reserved) {
+        Throw(ErrorCode::kInvalidArgument,
+              "-x {}: {} is set by pipesgd run for every rank and cannot be forwarded", entry,
+              name);
+      }
+    }
+    if (eq != std::string::npos) {
+      out.emplace_back(name, entry.substr(eq + 1));
+      continue;
+    }
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) {
+      Throw(ErrorCode::kInvalidArgument,
+            "-x {}: {} is not set in the launcher's environment (give -x {}=VALUE to set it)",
+            entry, name, name);
+    }
+    out.emplace_back(name, value);
+  }
+  return out;
+}
+
+int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options) {
+  const int n = static_cast<int>(commands.size());
+  SignalCatcher signals;
+  std::vector<Rank> ranks(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) ranks[i].command = std::move(commands[i]);
+
+  if (!options.output_dir.empty()) {
+    for (auto& r : ranks) {
+      const auto dir =
+          std::filesystem::path(options.output_dir) / fmt::format("rank.{}", r.command.rank);
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec) {
+        Throw(ErrorCode::kIo, "--output-dir {}: cannot create {}: {}", options.output_dir,
+              dir.string(), ec.message());
+      }
+      for (auto [file, name] : {std::pair{&r.out_file, "stdout"}, std::pair{&r.err_file, "stderr"}}) {
+        const auto path = dir / name;
+        *file = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (*file < 0) {
+          Throw(ErrorCode::kIo, "--output-dir: cannot write {}: {}", path.string(),
+                std::strerror(errno));
+        }
+      }
+    }
+  }
+
+  for (auto& r : ranks) {
+    try {
+      r.child = SpawnChild(r.command.spec, fmt::format("rank {}", r.command.rank));
+    } catch (const Error&) {
+      for (auto& started : ranks) {
+        if (started.child.pid <= 0) continue;
+        kill(-started.child.pid, SIGKILL);
+        kill(started.child.pid, SIGKILL);
+        waitpid(started.child.pid, nullptr, 0);
+      }
+      throw;
+    }
+    if (r.child.stdin_fd >= 0) {
+      fcntl(r.child.stdin_fd, F_SETFL, fcntl(r.child.stdin_fd, F_GETFL) | O_NONBLOCK);
+    }
+  }
+
+  // The rank whose failure decides the exit code, chosen among those that failed on their own
+  // (before the launcher stopped anyone): the first root cause (a signal, a lost host), else the
+  // first failure.
+  struct Failure {
+    int index;
+    int status;
+  };
+  std::vector<Failure> failures;
+  std::optional<Clock::time_point> settle_until;
+  std::optional<int> stopped_by_signal;  // the signal that stopped the launcher
+  bool output_closed = false;
+  std::optional<Clock::time_point> stop_sent;
+  int escalation = 0;  // 0: stop requested; 1: SIGTERM sent (stdin mode); 2: SIGKILL sent
+
+  auto signal_all = [&](int sig) {
+    for (auto& r : ranks) {
+      if (r.status) continue;
+      if (r.command.spec.own_process_group) kill(-r.child.pid, sig);
+      kill(r.child.pid, sig);
+    }
+  };
+  auto stop_all = [&]() {
+    if (stop_sent) return;
+    stop_sent = Clock::now();
+    if (options.stop_by_closing_stdin) {
+      for (auto& r : ranks) CloseFd(&r.child.stdin_fd);
+    } else {
+      signal_all(SIGTERM);
+    }
+  };
+
+  while (true) {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      Rank& r = ranks[i];
+      if (r.status) continue;
+      int status = 0;
+      if (waitpid(r.child.pid, &status, WNOHANG) != r.child.pid) continue;
+      r.status = status;
+      CloseFd(&r.child.stdin_fd);
+      if (ExitCodeOf(status) == 0 || stop_sent) continue;
+      failures.push_back({static_cast<int>(i), status});
+      PSGD_LOG_ERROR("pipesgd run: {} {}", Name(r), Describe(r, status, options.remote));
+      if (!settle_until) settle_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                           std::chrono::duration<double>(options.settle_s));
+    }
+    if (settle_until && !stop_sent && Clock::now() >= *settle_until) {
+      int running = 0;
+      for (auto& r : ranks) running += !r.status;
+      if (running > 0) {
+        PSGD_LOG_ERROR("pipesgd run: stopping the other {} rank(s)", running);
+      }
+      stop_all();
+    }
+    bool all_exited = true;
+    bool streams_open = false;
+    for (auto& r : ranks) {
+      all_exited &= r.status.has_value();
+      streams_open |= r.child.out_fd >= 0 || r.child.err_fd >= 0;
+    }
+    if (all_exited && !streams_open) break;
+    if (stop_sent) {
+      const double since = Since(*stop_sent);
+      if (options.stop_by_closing_stdin) {
+        if (escalation == 0 && since > options.close_grace_s) {
+          signal_all(SIGTERM);
+          escalation = 1;
+        } else if (escalation == 1 && since > options.close_grace_s + options.kill_grace_s) {
+          signal_all(SIGKILL);
+          escalation = 2;
+        }
+      } else if (escalation < 2 && since > options.kill_grace_s) {
+        signal_all(SIGKILL);
+        escalation = 2;
+      }
+    }
+
+    std::vector<pollfd> fds = {{signals.fd(), POLLIN, 0}};
+    std::vector<std::pair<Rank*, int>> owners = {{nullptr, 0}};  // 0 stdin, 1 stdout, 2 stderr
+    for (auto& r : ranks) {
+      if (r.child.stdin_fd >= 0 && r.stdin_written < r.command.stdin_data.size()) {
+        fds.push_back({r.child.stdin_fd, POLLOUT, 0});
+        owners.push_back({&r, 0});
+      }
+      if (r.child.out_fd >= 0) {
+        fds.push_back({r.child.out_fd, POLLIN, 0});
+        owners.push_back({&r, 1});
+      }
+      if (r.child.err_fd >= 0) {
+        fds.push_back({r.child.err_fd, POLLIN, 0});
+        owners.push_back({&r, 2});
+      }
+    }
+    poll(fds.data(), fds.size(), 50);
+    if (fds[0].revents & POLLIN) {
+      unsigned char sig = 0;
+      if (read(signals.fd(), &sig, 1) == 1 && !stop_sent) {
+        PSGD_LOG_WARN("pipesgd run: got signal {} ({}); stopping all ranks", sig, strsignal(sig));
+        stopped_by_signal = sig;
+        stop_all();
+      }
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLOUT | POLLHUP | POLLERR))) continue;
+      Rank& r = *owners[i].first;
+      const int which = owners[i].second;
+      if (which == 0) {
+        if (r.child.stdin_fd < 0) continue;
+        const std::string& data = r.command.stdin_data;
+        const ssize_t w = write(r.child.stdin_fd, data.data() + r.stdin_written,
+                                data.size() - r.stdin_written);
+        if (w > 0) r.stdin_written += static_cast<size_t>(w);
+        // The reader is gone (ssh failed): its exit tells why.
+        if (w < 0 && errno != EAGAIN && errno != EINTR) r.stdin_written = data.size();
+        continue;
+      }
+      int& fd = which == 1 ? r.child.out_fd : r.child.err_fd;
+      if (fd < 0) continue;
+      char buf[65536];
+      const ssize_t got = read(fd, buf, sizeof(buf));
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      std::string& partial = which == 1 ? r.out_partial : r.err_partial;
+      const int sink = which == 1 ? STDOUT_FILENO : STDERR_FILENO;
+      const int file = which == 1 ? r.out_file : r.err_file;
+      const std::string prefix =
+          options.host_in_prefix && !r.command.host.empty()
+              ? fmt::format("[rank {} {}] ", r.command.rank, r.command.host)
+              : fmt::format("[rank {}] ", r.command.rank);
+      bool written = true;
+      if (got > 0) {
+        if (file >= 0) WriteAll(file, buf, static_cast<size_t>(got));
+        written = Forward(prefix, partial, buf, static_cast<size_t>(got), sink, false);
+      } else {
+        written = Forward(prefix, partial, buf, 0, sink, true);
+        CloseFd(&fd);
+      }
+      if (!written && !stop_sent && !output_closed) {
+        output_closed = true;
+        stop_all();
+      }
+    }
+  }
+
+  if (!failures.empty()) {
+    Failure chosen = failures.front();
+    for (const auto& f : failures) {
+      if (IsRootCause(f.status, options.remote)) {
+        chosen = f;
+        break;
+      }
+    }
+    const Rank& r = ranks[chosen.index];
+    PSGD_LOG_ERROR("pipesgd run: failed: {} {}", Name(r), Describe(r, chosen.status, options.remote));
+    return ExitCodeOf(chosen.status);
+  }
+  if (stopped_by_signal) {
+    PSGD_LOG_ERROR("pipesgd run: interrupted by signal {} ({}); all ranks stopped",
+                   *stopped_by_signal, strsignal(*stopped_by_signal));
+    return 128 + *stopped_by_signal;
+  }
+  if (output_closed) {
+    PSGD_LOG_ERROR("pipesgd run: output closed; all ranks stopped");
+    return 128 + SIGPIPE;
+  }
+  PSGD_LOG_INFO("pipesgd run: all {} {} finished", n, options.remote ? "ranks" : "workers");
+  return 0;
+}
 
 int RunLocal(const RunArgs& args) {
   if (args.num_processes < 1 || args.num_processes > 1024) {
@@ -194,6 +447,7 @@ int RunLocal(const RunArgs& args) {
     std::filesystem::create_directories(args.out_dir, ec);
     if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", args.out_dir, ec.message());
   }
+  const auto forwarded = ResolveForwardedEnv(args.forward_env);
 
   const std::string exe = SelfExe();
   ReservedPort reserved;  // held until every worker has exited
@@ -202,132 +456,48 @@ int RunLocal(const RunArgs& args) {
     ReservePort(args.master_addr, &reserved);
     port = reserved.port;
   }
-  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) Throw(ErrorCode::kIo, "pipe: {}", std::strerror(errno));
-  struct sigaction sa{};
-  sa.sa_handler = OnSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
-  // A closed stdout shows up as a failed write, handled below, not as a silent death.
-  signal(SIGPIPE, SIG_IGN);
+  const std::string token = RandomToken();
 
-  std::vector<Worker> workers(args.num_processes);
+  std::vector<std::string> argv = {exe};
+  if (!args.worker_command.empty()) {
+    argv.insert(argv.end(), args.worker_command.begin(), args.worker_command.end());
+  } else {
+    argv.insert(argv.end(), {"worker", args.config_path});
+    for (const auto& o : args.overrides) {
+      argv.push_back("--set");
+      argv.push_back(o);
+    }
+    if (!args.out_dir.empty()) {
+      argv.push_back("--out");
+      argv.push_back(args.out_dir);
+    }
+    if (args.resume) argv.push_back("--resume");
+    if (args.verbose) argv.push_back("--verbose");
+  }
+  std::vector<RankCommand> commands;
   for (int r = 0; r < args.num_processes; ++r) {
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-      Throw(ErrorCode::kIo, "pipe: {}", std::strerror(errno));
-    }
-    workers[r].rank = r;
-    workers[r].pid = SpawnWorker(exe, args, r, port, out[1], err[1]);
-    close(out[1]);
-    close(err[1]);
-    workers[r].out_fd = out[0];
-    workers[r].err_fd = err[0];
+    RankCommand c;
+    c.rank = r;
+    c.spec.argv = argv;
+    c.spec.env = forwarded;
+    c.spec.env.insert(c.spec.env.end(),
+                      {{"RANK", std::to_string(r)},
+                       {"LOCAL_RANK", std::to_string(r)},
+                       {"WORLD_SIZE", std::to_string(args.num_processes)},
+                       {"LOCAL_WORLD_SIZE", std::to_string(args.num_processes)},
+                       {"MASTER_ADDR", args.master_addr},
+                       {"MASTER_PORT", std::to_string(port)},
+                       {"PIPESGD_JOB_TOKEN", token}});
+    // N workers share this machine's cores: one BLAS thread each unless the user says otherwise.
+    c.spec.env_defaults = {{"OPENBLAS_NUM_THREADS", "1"}};
+    commands.push_back(std::move(c));
   }
-  PSGD_LOG_INFO("pipesgd run: started {} workers (rendezvous {}:{})", args.num_processes,
+  PSGD_LOG_INFO("pipesgd run: starting {} workers (rendezvous {}:{})", args.num_processes,
                 args.master_addr, port);
-
-  // The first failure decides the exit code; after it everyone else is stopped.
-  std::optional<std::pair<int, int>> first_failure;  // rank, wait status
-  std::optional<std::string> stop_reason;
-  Clock::time_point term_sent{};
-  bool killed = false;
-
-  auto stop_all = [&](const std::string& reason) {
-    if (stop_reason) return;
-    stop_reason = reason;
-    term_sent = Clock::now();
-    for (auto& w : workers) {
-      if (!w.status) kill(w.pid, SIGTERM);
-    }
-  };
-
-  while (true) {
-    // Reap exits.
-    for (auto& w : workers) {
-      if (w.status) continue;
-      int status = 0;
-      if (waitpid(w.pid, &status, WNOHANG) == w.pid) {
-        w.status = status;
-        if (ExitCodeOf(status) != 0 && !first_failure && !stop_reason) {
-          first_failure = {w.rank, status};
-          PSGD_LOG_ERROR("pipesgd run: rank {} (pid {}) {}; stopping the other workers", w.rank,
-                         w.pid, DescribeStatus(status));
-          stop_all(fmt::format("rank {} failed", w.rank));
-        }
-      }
-    }
-    bool all_exited = true;
-    bool streams_open = false;
-    for (auto& w : workers) {
-      all_exited &= w.status.has_value();
-      streams_open |= w.out_fd >= 0 || w.err_fd >= 0;
-    }
-    if (all_exited && !streams_open) break;
-    if (stop_reason && !killed &&
-        std::chrono::duration<double>(Clock::now() - term_sent).count() > args.kill_grace_s) {
-      for (auto& w : workers) {
-        if (!w.status) kill(w.pid, SIGKILL);
-      }
-      killed = true;
-    }
-
-    std::vector<pollfd> fds = {{g_signal_pipe[0], POLLIN, 0}};
-    for (auto& w : workers) {
-      if (w.out_fd >= 0) fds.push_back({w.out_fd, POLLIN, 0});
-      if (w.err_fd >= 0) fds.push_back({w.err_fd, POLLIN, 0});
-    }
-    poll(fds.data(), fds.size(), 100);
-    if (fds[0].revents & POLLIN) {
-      unsigned char sig = 0;
-      if (read(g_signal_pipe[0], &sig, 1) == 1) {
-        PSGD_LOG_WARN("pipesgd run: got signal {} ({}); stopping all workers", sig, strsignal(sig));
-        if (!first_failure) first_failure = {-1, (128 + sig) << 8};
-        stop_all(fmt::format("interrupted by signal {} ({})", sig, strsignal(sig)));
-      }
-    }
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      for (auto& w : workers) {
-        const bool is_out = fds[i].fd == w.out_fd;
-        const bool is_err = fds[i].fd == w.err_fd;
-        if (!is_out && !is_err) continue;
-        char buf[65536];
-        ssize_t n = read(fds[i].fd, buf, sizeof(buf));
-        std::string& partial = is_out ? w.out_partial : w.err_partial;
-        const int sink = is_out ? STDOUT_FILENO : STDERR_FILENO;
-        bool written = true;
-        if (n > 0) {
-          written = Forward(w.rank, partial, buf, static_cast<size_t>(n), sink, false);
-        } else {
-          written = Forward(w.rank, partial, buf, 0, sink, true);
-          close(fds[i].fd);
-          (is_out ? w.out_fd : w.err_fd) = -1;
-        }
-        if (!written && !stop_reason) {
-          if (!first_failure) first_failure = {-1, (128 + SIGPIPE) << 8};
-          stop_all(is_out ? "stdout closed" : "stderr closed");
-        }
-      }
-    }
-  }
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
-  signal(SIGHUP, SIG_DFL);
-  close(g_signal_pipe[0]);
-  close(g_signal_pipe[1]);
-
-  if (first_failure) {
-    const auto [rank, status] = *first_failure;
-    if (rank < 0) {
-      PSGD_LOG_ERROR("pipesgd run: {}; all workers stopped", *stop_reason);
-      return ExitCodeOf(status);
-    }
-    PSGD_LOG_ERROR("pipesgd run: failed: rank {} {}", rank, DescribeStatus(status));
-    return ExitCodeOf(status);
-  }
-  PSGD_LOG_INFO("pipesgd run: all {} workers finished", args.num_processes);
-  return 0;
+  SuperviseOptions options;
+  options.kill_grace_s = args.kill_grace_s;
+  options.output_dir = args.output_dir;
+  return Supervise(std::move(commands), options);
 }
 
 }  // namespace pipesgd::launcher

@@ -12,14 +12,17 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/check.h"
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "core/collective/ring_allreduce.h"
 #include "core/data/dataset.h"
+#include "core/train/checkpoint.h"
 #include "core/train/classifier_task.h"
 #include "core/train/trainer.h"
 #include "launcher/config.h"
@@ -226,6 +229,8 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
     source = "PIPESGD_SOCKET_IFNAME";
     filter = transport::ParseIfnameFilter(v, source);
   }
+  std::string iface_name = env.world_size == 1 ? "lo" : "";
+  std::string iface_address = env.world_size == 1 ? "127.0.0.1" : "";
   const bool tcp = topt.kind == transport::TransportKind::kTcp;
   const bool ucx_devices = topt.kind == transport::TransportKind::kUcx && filter &&
                            !std::getenv("UCX_NET_DEVICES");
@@ -240,6 +245,8 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
     }
     const transport::InterfaceChoice choice = transport::ChooseInterface(
         transport::ListNetInterfaces(), filter, source, target, routed);
+    iface_name = choice.iface.name;
+    iface_address = choice.iface.ip;
     if (tcp) {
       topt.bind_host = choice.iface.ip;
       PSGD_LOG_INFO("rank {}: tcp on {} {} ({})", env.rank, choice.iface.name, choice.iface.ip,
@@ -250,6 +257,12 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
                     choice.iface.name, choice.reason);
     }
   }
+  // One line per rank naming host, transport and interface (the ssh launcher's tests read it).
+  PSGD_LOG_INFO("rank {} on {}: transport {}{}{}", env.rank, env.host, kind_name,
+                iface_name.empty()
+                    ? ""
+                    : fmt::format(", interface {}, address {}", iface_name, iface_address),
+                source.empty() ? "" : fmt::format(" ({} = {})", source, filter->ToString()));
   topt.peers = collective::Communicator::RingPeers(env.rank, env.world_size);
   topt.streams = options.streams;
   topt.ib_device = comm.ib_device();
@@ -259,7 +272,8 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
   // The resolved transport is part of the job: ranks whose `auto` resolved differently (one host
   // with RDMA, one without) are rejected at rendezvous by name.
   transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, env.world_size,
-                                   fmt::format("{}resolved transport: {}\n", job, kind_name)};
+                                   fmt::format("{}resolved transport: {}\n", job, kind_name),
+                                   env.job_token};
   try {
     auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
     return collective::Communicator::Create(std::move(transport), env.world_size, addresses,
@@ -272,6 +286,13 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
 
 JobEnv ReadJobEnv() {
   JobEnv env;
+  if (const char* token = std::getenv("PIPESGD_JOB_TOKEN"); token) env.job_token = token;
+  if (const char* host = std::getenv("PIPESGD_HOST"); host && *host) {
+    env.host = host;
+  } else {
+    char name[256] = {};
+    env.host = gethostname(name, sizeof(name) - 1) == 0 ? name : "this host";
+  }
   const char* rank = std::getenv("RANK");
   const char* world = std::getenv("WORLD_SIZE");
   if (!rank && !world) return env;  // a single process
@@ -293,6 +314,63 @@ JobEnv ReadJobEnv() {
   }
   return env;
 }
+
+namespace {
+
+// An AllReduce that no codec may round: counts, steps, flags.
+collective::AllReduceOptions Exact() {
+  collective::AllReduceOptions exact;
+  exact.compress = false;
+  return exact;
+}
+
+// Every rank's value of `mine` (exact below 2^24), through one AllReduce.
+std::vector<int64_t> GatherSmallInts(collective::Communicator& comm, int64_t mine,
+                                     double timeout_s) {
+  PSGD_CHECK(mine >= 0 && mine < (int64_t{1} << 24));
+  std::vector<float> all(comm.world_size(), 0.0f);
+  all[comm.rank()] = static_cast<float>(mine);
+  comm.AllReduce(all, collective::ReduceOp::kSum, Deadline::After(timeout_s), nullptr, Exact());
+  return std::vector<int64_t>(all.begin(), all.end());
+}
+
+// The checkpoint every rank resumes from: the newest step that each rank has a verified file
+// for. Every rank takes the same decision from the same gathered numbers, so all fail or none.
+checkpoint::Checkpoint AgreeOnCheckpoint(collective::Communicator& comm,
+                                         const std::filesystem::path& dir, double timeout_s) {
+  const int rank = comm.rank();
+  std::optional<checkpoint::Checkpoint> mine = train::LoadLatestCheckpoint(dir, rank);
+  if (mine && mine->steps() >= (int64_t{1} << 24) - 1) {
+    Throw(ErrorCode::kInvalidArgument, "--resume: checkpoint step {} is beyond 2^24 - 2",
+          mine->steps());
+  }
+  // 0: none; s + 1: newest verified step s.
+  const std::vector<int64_t> newest = GatherSmallInts(comm, mine ? mine->steps() + 1 : 0, timeout_s);
+  std::vector<int> without;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (newest[r] == 0) without.push_back(r);
+  }
+  if (!without.empty()) {
+    Throw(ErrorCode::kNotFound, "--resume: rank(s) {} have no valid checkpoint in {}",
+          fmt::join(without, ", "), dir.string());
+  }
+  const int64_t step = *std::min_element(newest.begin(), newest.end()) - 1;
+  if (mine->steps() != step) mine = train::LoadLatestCheckpoint(dir, rank, step);
+  const std::vector<int64_t> have = GatherSmallInts(comm, mine ? 1 : 0, timeout_s);
+  without.clear();
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (have[r] == 0) without.push_back(r);
+  }
+  if (!without.empty()) {
+    Throw(ErrorCode::kNotFound,
+          "--resume: the newest step every rank has is {}, but rank(s) {} have no valid "
+          "checkpoint of step {} in {}",
+          step, fmt::join(without, ", "), step, dir.string());
+  }
+  return *std::move(mine);
+}
+
+}  // namespace
 
 void RunWorker(const WorkerArgs& args) {
   const auto start = Clock::now();
@@ -369,9 +447,93 @@ void RunWorker(const WorkerArgs& args) {
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
                            train_cfg.weight_decay()},
                           params.size());
+  const std::string job_text = JobDescription(job);
+  const auto& ckpt_cfg = job.checkpoint();
+  const std::filesystem::path ckpt_dir = ckpt_cfg.dir();
+  std::optional<checkpoint::Checkpoint> resumed;
+  if (args.resume) {
+    if (ckpt_cfg.dir().empty()) {
+      Throw(ErrorCode::kInvalidArgument,
+            "--resume: checkpoint.dir is not set in the config (nothing to resume from)");
+    }
+    resumed = AgreeOnCheckpoint(*comm, ckpt_dir, comm_cfg.timeout_s());
+    if (resumed->job() != job_text) {
+      Throw(ErrorCode::kInvalidArgument,
+            "--resume: the checkpoint of step {} in {} was written by another job: {}",
+            resumed->steps(), ckpt_cfg.dir(),
+            transport::DescribeJobDifference(resumed->job(), env.rank, job_text, env.rank));
+    }
+    if (resumed->world_size() != env.world_size ||
+        resumed->params_size() != static_cast<int>(params.size())) {
+      Throw(ErrorCode::kDataLoss,
+            "--resume: checkpoint of step {} has world size {} and {} parameters, the job has "
+            "{} and {}",
+            resumed->steps(), resumed->world_size(), resumed->params_size(), env.world_size,
+            params.size());
+    }
+    std::copy(resumed->params().begin(), resumed->params().end(), params.begin());
+    sgd.LoadState({resumed->optimizer_state().data(),
+                   static_cast<size_t>(resumed->optimizer_state_size())});
+    comm->RestoreResidual({resumed->residual().data(), static_cast<size_t>(resumed->residual_size())});
+    comm->RestoreSequence(resumed->collective_sequence());
+  }
   train::Trainer trainer(*comm, task, sgd, params,
                          {width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
+  if (resumed) {
+    train::TrainerSnapshot snapshot;
+    snapshot.steps = resumed->steps();
+    snapshot.applied = resumed->applied();
+    snapshot.losses.assign(resumed->losses().begin(), resumed->losses().end());
+    for (const auto& p : resumed->pending()) {
+      snapshot.pending.push_back({p.step(), {p.aggregate().begin(), p.aggregate().end()}});
+    }
+    trainer.Restore(snapshot);
+    if (lead) {
+      PSGD_LOG_INFO("resumed from {} at step {} ({} updates applied, {} pending)",
+                    train::CheckpointPath(ckpt_dir, resumed->steps(), env.rank).string(),
+                    snapshot.steps, snapshot.applied, snapshot.pending.size());
+    }
+  }
 
+  // Every rank writes its own file (the error-feedback residual is per rank); the state is
+  // taken between steps with the in-flight AllReduces finished, and never when it holds a
+  // non-finite value.
+  int64_t saved_step = resumed ? resumed->steps() : -1;
+  auto save_checkpoint = [&] {
+    if (ckpt_cfg.dir().empty() || trainer.steps() == saved_step) return;
+    train::TrainerSnapshot snapshot = trainer.Snapshot();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!std::isfinite(params[i])) {
+        Throw(ErrorCode::kNumerical,
+              "rank {}: step {}: parameter {} is {}; not writing a checkpoint of this state",
+              env.rank, snapshot.steps, i, params[i]);
+      }
+    }
+    checkpoint::Checkpoint c;
+    c.set_format_version(1);
+    c.set_job(job_text);
+    c.set_rank(env.rank);
+    c.set_world_size(env.world_size);
+    c.set_steps(snapshot.steps);
+    c.set_applied(snapshot.applied);
+    c.set_collective_sequence(comm->sequence());
+    c.mutable_params()->Add(params.begin(), params.end());
+    const std::vector<float> opt = sgd.SaveState();
+    c.mutable_optimizer_state()->Add(opt.begin(), opt.end());
+    c.mutable_residual()->Add(comm->residual().begin(), comm->residual().end());
+    c.mutable_losses()->Add(snapshot.losses.begin(), snapshot.losses.end());
+    for (const auto& p : snapshot.pending) {
+      auto* pending = c.add_pending();
+      pending->set_step(p.step);
+      pending->mutable_aggregate()->Add(p.aggregate.begin(), p.aggregate.end());
+    }
+    train::WriteCheckpoint(ckpt_dir, c, ckpt_cfg.keep());
+    saved_step = snapshot.steps;
+    if (lead) {
+      PSGD_LOG_INFO("checkpoint: step {} written to {}", snapshot.steps,
+                    train::CheckpointPath(ckpt_dir, snapshot.steps, env.rank).string());
+    }
+  };
 
   const int epochs = train_cfg.epochs();
   const int64_t max_steps = train_cfg.max_steps() > 0
@@ -380,23 +542,39 @@ void RunWorker(const WorkerArgs& args) {
   const int progress = train_cfg.progress_per_epoch();
   const auto train_start = Clock::now();
   float final_accuracy = 0;
+  bool evaluated = false;
   train::WireTotals wire_before;  // at the start of the epoch
+  auto evaluate = [&] {
+    layers::EvalResult local = task.EvaluateShard(params, test_set, env.rank, env.world_size);
+    std::vector<float> sums = {static_cast<float>(local.loss_sum),
+                               static_cast<float>(local.correct),
+                               static_cast<float>(local.count)};
+    trainer.AllReduce(sums, collective::ReduceOp::kSum);
+    evaluated = true;
+    return std::pair<double, double>(sums[2] > 0 ? sums[1] / sums[2] : 0.0,
+                                     sums[2] > 0 ? sums[0] / sums[2] : 0.0);
+  };
   try {
-    for (int epoch = 0; epoch < epochs && trainer.steps() < max_steps; ++epoch) {
+    const int first_epoch = static_cast<int>(trainer.steps() / static_cast<int64_t>(steps_per_epoch));
+    for (int epoch = first_epoch; epoch < epochs && trainer.steps() < max_steps; ++epoch) {
       const auto epoch_start = Clock::now();
-      const int64_t first = trainer.steps();
-      const int64_t last = std::min<int64_t>(first + steps_per_epoch, max_steps);
+      const int64_t epoch_first = static_cast<int64_t>(epoch) * steps_per_epoch;
+      const int64_t first = trainer.steps();  // epoch_first, unless resumed mid-epoch
+      const int64_t last = std::min<int64_t>(epoch_first + steps_per_epoch, max_steps);
       for (int64_t t = first; t < last; ++t) {
         trainer.Step();
-        const int64_t done = t + 1 - first;
-        const int64_t total = last - first;
+        if (ckpt_cfg.every_steps() > 0 && trainer.steps() % ckpt_cfg.every_steps() == 0) {
+          save_checkpoint();
+        }
+        const int64_t done = t + 1 - epoch_first;
+        const int64_t total = last - epoch_first;
         // `progress` lines, evenly spaced, none at the very end (the epoch line follows).
         if (lead && progress > 0 && done < total &&
             done * (progress + 1) / total != (done - 1) * (progress + 1) / total) {
           const float loss = trainer.StepLoss(trainer.applied() - 1);
           PSGD_LOG_INFO("epoch {}/{} step {}/{}: loss {:.4f}, {:.0f} samples/s", epoch + 1,
-                        epochs, done, last - first, loss,
-                        done * batch * env.world_size / Seconds(epoch_start));
+                        epochs, done, total, loss,
+                        (t + 1 - first) * batch * env.world_size / Seconds(epoch_start));
         }
       }
       const double train_s = Seconds(epoch_start);
@@ -405,8 +583,8 @@ void RunWorker(const WorkerArgs& args) {
       // in between, the pipeline keeps flowing across the epoch boundary.
       if (final_epoch) trainer.Drain(true); else trainer.Sync();
       double loss_sum = 0;
-      for (int64_t t = first; t < last; ++t) loss_sum += trainer.StepLoss(t);
-      const double train_loss = loss_sum / static_cast<double>(last - first);
+      for (int64_t t = epoch_first; t < last; ++t) loss_sum += trainer.StepLoss(t);
+      const double train_loss = loss_sum / static_cast<double>(last - epoch_first);
       // Bytes this rank put on the wire per gradient AllReduce during the epoch.
       const train::WireTotals wire = trainer.wire_totals();
       const int64_t wire_steps = std::max<int64_t>(1, wire.steps - wire_before.steps);
@@ -425,13 +603,7 @@ void RunWorker(const WorkerArgs& args) {
       }
       wire_before = wire;
 
-      layers::EvalResult local = task.EvaluateShard(params, test_set, env.rank, env.world_size);
-      std::vector<float> sums = {static_cast<float>(local.loss_sum),
-                                 static_cast<float>(local.correct),
-                                 static_cast<float>(local.count)};
-      trainer.AllReduce(sums, collective::ReduceOp::kSum);
-      const double accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
-      const double test_loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
+      const auto [accuracy, test_loss] = evaluate();
       final_accuracy = static_cast<float>(accuracy);
       const double samples_per_s = (last - first) * batch * env.world_size / train_s;
       const double wall_s = Seconds(train_start);
@@ -452,7 +624,17 @@ void RunWorker(const WorkerArgs& args) {
                               {"compression_ratio", compression_ratio}});
         }
       }
+      if (ckpt_cfg.every_epochs() > 0 && (epoch + 1) % ckpt_cfg.every_epochs() == 0) {
+        save_checkpoint();
+      }
     }
+    if (!evaluated) {
+      // Resumed from the end of a finished run: nothing to train, report where it stands.
+      if (lead) PSGD_LOG_INFO("nothing to train: the checkpoint is at step {} of {}", trainer.steps(), max_steps);
+      trainer.Drain(true);
+      final_accuracy = static_cast<float>(evaluate().first);
+    }
+    save_checkpoint();  // the final state (drained), when checkpoints are on
   } catch (const Error& e) {
     try {
       trainer.Drain(false);

@@ -18,28 +18,35 @@ struct WorkerArgs {
   std::vector<std::string> overrides;  // "path=value", as for --set
   std::string out_dir;                 // rank 0 writes metrics.jsonl and summary.json here
   bool verbose = false;
+  bool resume = false;                 // continue from the newest checkpoint in checkpoint.dir
 };
 
 // Where this rank sits in the job, from the environment variables torchrun and Horovod use:
 // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK, unused on the CPU). With neither
-// RANK nor WORLD_SIZE set the job is a single process.
+// RANK nor WORLD_SIZE set the job is a single process. Plus pipesgd's own: PIPESGD_JOB_TOKEN
+// (the job's secret for the rendezvous; unset: unauthenticated) and PIPESGD_HOST (the host's
+// name in the launcher's host list, for messages; default: this machine's hostname).
 struct JobEnv {
   int rank = 0;
   int world_size = 1;
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 29500;
+  std::string job_token;
+  std::string host;
 };
 
 // What every rank of a job must agree on, compared at rendezvous: the program version and the
-// effective config, except the data paths (they may differ from machine to machine).
+// effective config, except the data paths and comm.network_interface (they may differ from
+// machine to machine).
 std::string JobDescription(const config::Job& job);
 
 // Creates the transport comm.transport names (AUTO: transport::ChooseAutoTransport, logged on
 // every rank with its reason), on the network interface comm.network_interface or
-// PIPESGD_SOCKET_IFNAME admits (transport/ifname.h; logged on every rank for TCP), publishes its
+// PIPESGD_SOCKET_IFNAME admits (transport/ifname.h; logged on every rank: "rank 2 on lab2:
+// transport tcp, interface eth0, address 10.0.0.3"), publishes its
 // address, meets the other ranks at the rendezvous (all must pass the same `job` text; the
 // resolved transport is appended to it, so ranks that resolved AUTO differently are rejected by
-// name) and connects the ring, all within `deadline`. A deadline error names `timeout_setting`
+// name; env.job_token authenticates) and connects the ring, all within `deadline`. A deadline error names `timeout_setting`
 // (e.g. "comm.start_timeout_s = 60 s"). Throws what transport::CreateTransport,
 // RendezvousAllGather and Communicator::Create throw, and kInvalidArgument for an interface
 // filter that admits no interface.

@@ -60,4 +60,24 @@ void Sgd::Step(std::span<float> params, std::span<const float> grads) {
   first_step_ = false;
 }
 
+std::vector<float> Sgd::SaveState() const {
+  std::vector<float> state;
+  state.reserve(1 + momentum_buf_.size());
+  state.push_back(first_step_ ? 1.0f : 0.0f);
+  state.insert(state.end(), momentum_buf_.begin(), momentum_buf_.end());
+  return state;
+}
+
+void Sgd::LoadState(std::span<const float> state) {
+  if (state.size() != 1 + momentum_buf_.size() || (state[0] != 0.0f && state[0] != 1.0f)) {
+    Throw(ErrorCode::kDataLoss,
+          "optimizer state of {} floats (first-step flag {}): expected {} (SGD with momentum {} "
+          "over {} parameters)",
+          state.size(), state.empty() ? 0.0f : state[0], 1 + momentum_buf_.size(),
+          options_.momentum, momentum_buf_.size());
+  }
+  first_step_ = state[0] == 1.0f;
+  std::copy(state.begin() + 1, state.end(), momentum_buf_.begin());
+}
+
 }  // namespace pipesgd::layers

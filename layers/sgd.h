@@ -28,6 +28,14 @@ class Sgd {
 
   const SgdOptions& options() const { return options_; }
 
+  // Everything Step depends on besides params and grads (for checkpoints): 1 float that is 1
+  // before the first step and 0 after, then the momentum buffer (num_params floats, or none
+  // without momentum).
+  std::vector<float> SaveState() const;
+  // Restores what SaveState returned. Throws Error(kDataLoss) naming both sizes when `state`
+  // does not fit this optimizer.
+  void LoadState(std::span<const float> state);
+
  private:
   SgdOptions options_;
   std::vector<float> momentum_buf_;

@@ -22,6 +22,8 @@ PACKAGES=(
   procps iproute2 iperf3
   # cluster tests: key-only sshd in every lab node (scripts/lab sshd) and the ssh client
   openssh-server openssh-client
+  # fuzzing (scripts/fuzz.sh): clang and its libFuzzer runtime
+  clang libclang-rt-14-dev
   # benchmarks: peer libraries measured side by side (bench/peers/), plots of the results
   libgloo-dev openmpi-bin libopenmpi-dev gnuplot-nox
 )

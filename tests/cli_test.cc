@@ -593,6 +593,31 @@ TEST(Bench, AllReduceTableInTheNcclTestsConvention) {
   }
 }
 
+TEST(Bench, CompressionColumnsAndBounds) {
+  TempDir dir;
+  auto r = RunCommand({kBinary, "bench", "allreduce", "-np", "3", "-b", "256K", "-e", "1M", "-f",
+                       "4", "-n", "2", "-w", "1", "-c", "--compression", "trunc16", "--json",
+                       dir.path("rows.json")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("compression trunc16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("none(us) speedup"), std::string::npos) << r.out;
+  std::ifstream f(dir.path("rows.json"));
+  auto rows = nlohmann::json::parse(f);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) {
+    EXPECT_EQ(row.at("compression"), "trunc16");
+    // Compressed passes are within N times the codec's bound; the uncompressed one exact.
+    EXPECT_EQ(row.at("out_of_place").at("wrong"), 0);
+    EXPECT_EQ(row.at("in_place").at("wrong"), 0);
+    EXPECT_EQ(row.at("in_place_uncompressed").at("wrong"), 0);
+    EXPECT_NEAR(row.at("speedup_over_none").get<double>(),
+                row.at("in_place_uncompressed").at("time_us").get<double>() /
+                    row.at("in_place").at("time_us").get<double>(),
+                1e-9);
+  }
+  EXPECT_NE(RunCommand({kBinary, "bench", "allreduce", "--compression", "q4"}).exit_code, 0);
+}
+
 TEST(Cli, HelpListsSubcommands) {
   auto r = RunCommand({kBinary, "--help"});
   EXPECT_EQ(r.exit_code, 0);

@@ -363,7 +363,7 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"data.train_limit=100", true}, RangeCase{"data.train_limit=-1", false},
         RangeCase{"data.test_limit=-1", false}, RangeCase{"data.train_images=", false},
         RangeCase{"data.test_labels=\"\"", false}, RangeCase{"comm.chunk_bytes=1024", true}, RangeCase{"comm.streams=0", false}, RangeCase{"comm.streams=16", true}, RangeCase{"comm.streams=17", false}, RangeCase{"comm.chunk_bytes=1020", false}, RangeCase{"comm.chunk_bytes=4", false},
-        RangeCase{"comm.chunk_bytes=1073741824", true}, RangeCase{"comm.chunk_bytes=0", true}, RangeCase{"comm.chunk_bytes=auto", true}, RangeCase{"comm.chunk_bytes=-4", false},
+        RangeCase{"comm.chunk_bytes=1073741824", true}, RangeCase{"comm.chunk_bytes=0", true}, RangeCase{"checkpoint.keep=0", false}, RangeCase{"checkpoint.keep=1", true}, RangeCase{"checkpoint.every_steps=-1", false}, RangeCase{"checkpoint.every_epochs=2", true}, RangeCase{"comm.chunk_bytes=auto", true}, RangeCase{"comm.chunk_bytes=-4", false},
         RangeCase{"comm.chunk_bytes=6", false}, RangeCase{"comm.chunk_bytes=1073741828", false},
         RangeCase{"comm.start_timeout_s=0.5", true}, RangeCase{"comm.start_timeout_s=0", false},
         RangeCase{"comm.timeout_s=-1", false}, RangeCase{"comm.timeout_s=inf", false},
@@ -491,7 +491,7 @@ TEST_F(ConfigTest, OverrideWithUnknownFieldListsTheFields) {
                "pipeline_width, max_steps, progress_per_epoch)");
   EXPECT_STREQ(LoadError(kShipped, {"trian.epochs=1"}).what(),
                "--set trian.epochs=1: no field 'trian' in pipesgd.config.Job "
-               "(fields: model, data, train, comm)");
+               "(fields: model, data, train, comm, checkpoint)");
 }
 
 TEST_F(ConfigTest, OverrideOutOfRangeNamesTheOverride) {

@@ -8,9 +8,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <iterator>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "core/base/error.h"
+#include "core/base/log.h"
 #include "tests/support/multiproc.h"
 #include "transport/rendezvous.h"
 
@@ -23,7 +28,7 @@ using transport::RendezvousAllGather;
 using transport::RendezvousOptions;
 
 RendezvousOptions Options(const RankContext& ctx, std::string job = "job A\n") {
-  return {"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size, std::move(job)};
+  return {"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size, std::move(job), ""};
 }
 
 std::string Joined(const std::vector<std::string>& v) {
@@ -143,6 +148,109 @@ TEST(Rendezvous, StrangerOnThePortIsDroppedAndTheJobCarriesOn) {
       }
     }
     return Joined(RendezvousAllGather(Options(ctx), std::to_string(ctx.rank), Deadline::After(10)));
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << results[r].error;
+    EXPECT_EQ(results[r].output, "0;1;2;");
+  }
+}
+
+RendezvousOptions WithToken(const RankContext& ctx, int rank, std::string token) {
+  RendezvousOptions o = Options(ctx);
+  o.rank = rank;
+  o.token = std::move(token);
+  return o;
+}
+
+std::string ErrorOf(const RendezvousOptions& options) {
+  try {
+    RendezvousAllGather(options, "intruder", Deadline::After(10));
+  } catch (const Error& e) {
+    return fmt::format("{}: {}", static_cast<int>(e.code()), e.what());
+  }
+  return "no error";
+}
+
+// A job started with a token (as `pipesgd run` does): a process without it, or with another
+// job's, is turned away and logged by rank 0, cannot take a rank or fail the job, and the job
+// completes with the real ranks.
+TEST(Rendezvous, ConnectionWithoutTheTokenIsRefusedLoggedAndTheJobCarriesOn) {
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  auto results = RunRanks(3, [&](const RankContext& ctx) {
+    std::string log;
+    std::string refusals;
+    if (ctx.rank == 2) {
+      // Claims rank 1 with no token, then rank 1 again with another job's token, then world
+      // size 7 (which, authenticated, would fail the whole job).
+      RendezvousOptions none = WithToken(ctx, 1, "");
+      RendezvousOptions wrong = WithToken(ctx, 1, "fedcba9876543210fedcba9876543210");
+      RendezvousOptions bad_world = WithToken(ctx, 1, "");
+      bad_world.world_size = 7;
+      refusals = ErrorOf(none) + "\n" + ErrorOf(wrong) + "\n" + ErrorOf(bad_world) + "\n";
+    }
+    char path[] = "/tmp/pipesgd_rdv_log_XXXXXX";
+    int saved = -1;
+    if (ctx.rank == 0) {
+      InitLogging();
+      const int fd = mkstemp(path);
+      saved = dup(STDERR_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    std::string addresses = Joined(RendezvousAllGather(WithToken(ctx, ctx.rank, token),
+                                                       std::to_string(ctx.rank),
+                                                       Deadline::After(20)));
+    if (ctx.rank == 0) {
+      dup2(saved, STDERR_FILENO);
+      std::ifstream in(path);
+      log.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      unlink(path);
+    }
+    return addresses + "\n" + refusals + log;
+  });
+  for (int r = 0; r < 3; ++r) ASSERT_EQ(results[r].exit_code, 0) << results[r].error;
+  EXPECT_EQ(results[1].output, "0;1;2;\n");
+  const std::string& out2 = results[2].output;
+  EXPECT_EQ(out2.substr(0, 7), "0;1;2;\n");
+  // kInvalidArgument (code 0), naming rank 0 and why, once per attempt.
+  size_t at = 7;
+  for (const char* why : {"no job token", "a wrong job token", "no job token"}) {
+    const std::string expected_start = "0: rank 1: rendezvous: rank 0 at 127.0.0.1:";
+    const size_t end = out2.find('\n', at);
+    ASSERT_NE(end, std::string::npos) << out2;
+    const std::string line = out2.substr(at, end - at);
+    EXPECT_EQ(line.substr(0, expected_start.size()), expected_start) << line;
+    EXPECT_NE(line.find(std::string(" refused this process: it presented ") + why +
+                        " (PIPESGD_JOB_TOKEN must be that of the job; `pipesgd run` sets it)"),
+              std::string::npos)
+        << line;
+    at = end + 1;
+  }
+  // Rank 0 logged each refusal, naming where it came from and the rank it claimed.
+  const std::string& out0 = results[0].output;
+  EXPECT_EQ(out0.substr(0, 7), "0;1;2;\n") << out0;
+  size_t logged = 0;
+  for (size_t p = out0.find("warning: rank 0: rendezvous refused a connection from 127.0.0.1:");
+       p != std::string::npos;
+       p = out0.find("warning: rank 0: rendezvous refused a connection from 127.0.0.1:", p + 1)) {
+    ++logged;
+  }
+  EXPECT_EQ(logged, 3u) << out0;
+  EXPECT_NE(out0.find("(claiming rank 1): it presented no job token; the job carries on without "
+                      "it"),
+            std::string::npos)
+      << out0;
+  EXPECT_NE(out0.find("(claiming rank 1): it presented a wrong job token; the job carries on "
+                      "without it"),
+            std::string::npos)
+      << out0;
+}
+
+// A rank 0 started by hand without PIPESGD_JOB_TOKEN runs an unauthenticated rendezvous.
+TEST(Rendezvous, WithoutATokenOnRank0EveryHelloIsHeard) {
+  auto results = RunRanks(3, [](const RankContext& ctx) {
+    return Joined(RendezvousAllGather(WithToken(ctx, ctx.rank, ctx.rank == 0 ? "" : "t"),
+                                      std::to_string(ctx.rank), Deadline::After(20)));
   });
   for (int r = 0; r < 3; ++r) {
     ASSERT_EQ(results[r].exit_code, 0) << results[r].error;

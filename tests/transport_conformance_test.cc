@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -303,14 +304,21 @@ TEST_P(Conformance, FramingContractOneSendPartIntoTwoReceives) {
 }
 
 // A peer that is alive but silent: the wait ends at its deadline, naming what it waited for,
-// and the transport's connections are closed afterwards.
+// without closing anything (transport.h): the caller may still send a last message on the
+// connection (the ring's abort notice) and then closes, which fails the receive still pending and
+// any new op with kAborted.
 TEST_P(Conformance, DeadlineOnASilentPeer) {
   const TransportParam p = GetParam();
   auto results = RunRanks(2, [&](const RankContext& ctx) {
     Connected c = ConnectAll(p, ctx);
     if (ctx.rank == 1) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-      return std::string("slept");
+      uint32_t notice = 0;
+      Op recv;
+      recv.Set(&notice, 4);
+      c.connections[0]->PostRecv(recv);
+      c.transport->Wait(recv, Deadline::After(20), "the last message");
+      return fmt::format("slept, then got {:#x}", notice);
     }
     uint32_t value = 0;
     Op recv;
@@ -325,21 +333,42 @@ TEST_P(Conformance, DeadlineOnASilentPeer) {
       const std::string what = e.what();
       if (s < 0.45 || s > 2.0) return fmt::format("timed out after {:.2f} s", s);
       if (what.find("a value from rank 1") == std::string::npos) return what;
-      // After the deadline the connection is closed: a new op fails at once.
+      if (recv.done) return std::string("the pending receive ended with the deadline");
+      // The connection still works: a last message goes out.
+      const uint32_t notice = 0xabcd;
+      Op last;
+      last.Set(&notice, 4);
+      c.connections[0]->PostSend(last);
+      try {
+        c.transport->Wait(last, Deadline::After(20), "the last message");
+      } catch (const Error& e2) {
+        return fmt::format("the last message after a deadline failed: {}", e2.what());
+      }
+      // Then the caller closes: the pending receive and any new op fail with kAborted.
+      c.transport->Close();
+      std::string pending = "pending receive still open";
+      try {
+        c.transport->Wait(recv, Deadline::After(5), "the pending receive");
+      } catch (const Error& e3) {
+        pending = ErrorCodeName(e3.code());
+      }
       Op again;
       again.Set(&value, 4);
       c.connections[0]->PostRecv(again);
       try {
         c.transport->Wait(again, Deadline::After(5), "again");
-        return std::string("reused after a deadline");
-      } catch (const Error& e2) {
-        return fmt::format("{} then {}", ErrorCodeName(e.code()), ErrorCodeName(e2.code()));
+        return std::string("reused after Close");
+      } catch (const Error& e4) {
+        return fmt::format("{}, last message sent, pending {}, then {}", ErrorCodeName(e.code()),
+                           pending, ErrorCodeName(e4.code()));
       }
     }
   }, 60);
   ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
-  EXPECT_EQ(results[0].output, "deadline exceeded then aborted");
-  EXPECT_EQ(results[1].output, "slept");
+  EXPECT_EQ(results[0].output,
+            "deadline exceeded, last message sent, pending aborted, then aborted");
+  ASSERT_EQ(results[1].exit_code, 0) << results[1].error;
+  EXPECT_EQ(results[1].output, "slept, then got 0xabcd");
 }
 
 // A peer that dies: the pending receive fails with kUnavailable naming the peer, well before
@@ -392,7 +421,7 @@ TEST_P(ConformanceRing, AllReduceIsExact) {
     options.streams = streams;
     auto transport = testing::MakeTransport(
         p, ctx, collective::Communicator::RingPeers(ctx.rank, ctx.world_size), streams);
-    transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size, "t"};
+    transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size, "t", ""};
     auto addresses =
         transport::RendezvousAllGather(rdv, transport->LocalAddress(), Deadline::After(30));
     auto comm = collective::Communicator::Create(std::move(transport), ctx.world_size, addresses,
@@ -410,6 +439,56 @@ TEST_P(ConformanceRing, AllReduceIsExact) {
     return std::string();
   }, 120);
   ExpectAllOk(results);
+}
+
+// Peer-failure propagation over this transport: rank 0 aborts its first AllReduce, tells its
+// right neighbour why (an abort notice: a header, then the text as its own message on UCX and
+// ibverbs) and closes; every other rank fails well before its deadline naming rank 0 and quoting
+// rank 0's report, relayed around the ring.
+TEST_P(ConformanceRing, AbortNoticeNamesTheFailedRank) {
+  const auto [p, world, streams] = GetParam();
+  auto results = RunRanks(world, [&](const RankContext& ctx) {
+    collective::CommunicatorOptions options;
+    options.chunk_bytes = 64 << 10;
+    options.streams = streams;
+    auto transport = testing::MakeTransport(
+        p, ctx, collective::Communicator::RingPeers(ctx.rank, ctx.world_size), streams);
+    transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size, "t", ""};
+    auto addresses =
+        transport::RendezvousAllGather(rdv, transport->LocalAddress(), Deadline::After(30));
+    auto comm = collective::Communicator::Create(std::move(transport), ctx.world_size, addresses,
+                                                 options, Deadline::After(30));
+    // Small enough for eager messages: a large rendezvous-protocol chunk in flight needs its
+    // sender alive until the receiver has pulled it (docs/transports.md, limitations).
+    std::vector<float> data(4096, 1.0f);
+    std::atomic<bool> abort{ctx.rank == 0};
+    // The others start late, so rank 0's first wait (a header from its left neighbour) is still
+    // pending when it checks the abort flag.
+    if (ctx.rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm->AllReduce(data, collective::ReduceOp::kSum, Deadline::After(30), &abort);
+      return std::string("no error");
+    } catch (const Error& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const std::string what = e.what();
+      if (ctx.rank == 0) {
+        // Stay up a moment, as a failing worker does while it reports, so the notice is read.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        return std::string(ErrorCodeName(e.code()));
+      }
+      if (s > 10) return fmt::format("failed only after {:.1f} s: {}", s, what);
+      if (e.code() != ErrorCode::kUnavailable) return what;
+      if (what.find("aborted: rank 0 failed or is gone") == std::string::npos) return what;
+      if (what.find("first report: rank 0: ") == std::string::npos) return what;
+      if (what.find("(no report)") != std::string::npos) return what;
+      return std::string("names rank 0");
+    }
+  }, 120);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << results[r].error;
+    EXPECT_EQ(results[r].output, r == 0 ? "aborted" : "names rank 0") << "rank " << r;
+  }
 }
 
 std::string ParamName(const ::testing::TestParamInfo<TransportParam>& info) {

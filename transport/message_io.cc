@@ -46,6 +46,32 @@ void AsyncWriteMessage(tcp::socket& socket, const google::protobuf::MessageLite&
                     });
 }
 
+uint32_t MessageFrameLength(const uint8_t* header, const std::string& peer) {
+  const uint32_t magic = GetU32(header);
+  const uint32_t length = GetU32(header + 4);
+  if (magic != kMessageMagic) {
+    Throw(ErrorCode::kDataLoss,
+          "{} sent a frame with magic {:#010x}, expected {:#010x} (\"PSGM\"): not a pipesgd "
+          "peer, or a different protocol",
+          peer, magic, kMessageMagic);
+  }
+  if (length > kMaxMessageBytes) {
+    Throw(ErrorCode::kDataLoss,
+          "{} sent a control message of {} bytes, more than the limit of {} bytes", peer, length,
+          kMaxMessageBytes);
+  }
+  return length;
+}
+
+void ParseMessageBody(const std::string& body, google::protobuf::MessageLite* message,
+                      const std::string& peer) {
+  if (!message->ParseFromString(body)) {
+    Throw(ErrorCode::kDataLoss,
+          "{} sent a control message that does not parse as {} ({} bytes)", peer,
+          message->GetTypeName(), body.size());
+  }
+}
+
 void AsyncReadMessage(tcp::socket& socket, google::protobuf::MessageLite* message,
                       std::string peer, MessageHandler handler) {
   struct State {
@@ -58,32 +84,21 @@ void AsyncReadMessage(tcp::socket& socket, google::protobuf::MessageLite* messag
       [&socket, message, state, peer = std::move(peer), handler = std::move(handler)](
           const boost::system::error_code& ec, size_t) mutable {
         if (ec) return handler(SocketError(peer, "reading a control message", ec));
-        uint32_t magic = GetU32(state->header.data());
-        uint32_t length = GetU32(state->header.data() + 4);
-        if (magic != kMessageMagic) {
-          return handler(std::make_exception_ptr(Error(
-              ErrorCode::kDataLoss,
-              fmt::format("{} sent a frame with magic {:#010x}, expected {:#010x} (\"PSGM\"): "
-                          "not a pipesgd peer, or a different protocol",
-                          peer, magic, kMessageMagic))));
-        }
-        if (length > kMaxMessageBytes) {
-          return handler(std::make_exception_ptr(Error(
-              ErrorCode::kDataLoss, fmt::format("{} sent a control message of {} bytes, more "
-                                                "than the limit of {} bytes",
-                                                peer, length, kMaxMessageBytes))));
+        uint32_t length = 0;
+        try {
+          length = MessageFrameLength(state->header.data(), peer);
+        } catch (const Error&) {
+          return handler(std::current_exception());
         }
         state->body.resize(length);
         asio::async_read(socket, asio::buffer(state->body),
                          [message, state, peer, handler = std::move(handler)](
                              const boost::system::error_code& ec2, size_t) {
                            if (ec2) return handler(SocketError(peer, "reading a control message", ec2));
-                           if (!message->ParseFromString(state->body)) {
-                             return handler(std::make_exception_ptr(Error(
-                                 ErrorCode::kDataLoss,
-                                 fmt::format("{} sent a control message that does not parse as {} "
-                                             "({} bytes)",
-                                             peer, message->GetTypeName(), state->body.size()))));
+                           try {
+                             ParseMessageBody(state->body, message, peer);
+                           } catch (const Error&) {
+                             return handler(std::current_exception());
                            }
                            handler(nullptr);
                          });

@@ -32,6 +32,13 @@ void AsyncWriteMessage(boost::asio::ip::tcp::socket& socket,
 
 // Reads one frame into `*message` (which must outlive the operation). `peer` names the other
 // end in errors ("rank 2", "127.0.0.1:4242").
+// The body length announced by an 8-byte frame header (magic, length). Throws Error(kDataLoss)
+// naming `peer` for a bad magic or a length above kMaxMessageBytes.
+uint32_t MessageFrameLength(const uint8_t* header, const std::string& peer);
+// Parses a frame body into `message`; throws Error(kDataLoss) naming `peer` if it does not parse.
+void ParseMessageBody(const std::string& body, google::protobuf::MessageLite* message,
+                      const std::string& peer);
+
 void AsyncReadMessage(boost::asio::ip::tcp::socket& socket, google::protobuf::MessageLite* message,
                       std::string peer, MessageHandler handler);
 

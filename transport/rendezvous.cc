@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "transport/asio.h"
 
@@ -29,6 +30,14 @@ std::string What(const std::exception_ptr& error) {
 
 // How long rank 0 keeps telling late arrivals why the job failed, after it has decided so.
 constexpr double kFailureGraceS = 3.0;
+
+// Compares two secrets in time that depends only on their lengths, not on where they differ.
+bool SameSecret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 // Rank 0's side: collect one hello per rank, then answer everyone at once. If the job cannot
 // start, rank 0 keeps the port open for kFailureGraceS and answers every connection, early or
@@ -87,7 +96,7 @@ class Server {
       Accept();
       Client client{socket, RemoteName(*socket)};
       accepted_.push_back(client);
-      if (failure_) return Send(client, error_reply_);
+      if (failure_) return Send(client, error_reply_, /*counts=*/false);
       auto hello = std::make_shared<wire::RendezvousHello>();
       AsyncReadMessage(*socket, hello.get(), client.from,
                        [this, client, hello](std::exception_ptr error) {
@@ -109,6 +118,25 @@ class Server {
     }
     const int n = options_.world_size;
     const std::string& from = client.from;
+    // Authentication comes first: a process without the job's token can neither join nor,
+    // by sending a bad hello, fail the job.
+    if (!options_.token.empty() && !SameSecret(hello.token(), options_.token)) {
+      const std::string why =
+          hello.token().empty() ? "it presented no job token" : "it presented a wrong job token";
+      PSGD_LOG_WARN("rank 0: rendezvous refused a connection from {} (claiming rank {}): {}; "
+                    "the job carries on without it",
+                    from, hello.rank(), why);
+      wire::RendezvousReply refusal;
+      refusal.set_refused(true);
+      refusal.set_error(fmt::format(
+          "rank 0 at {}:{} refused this process: {} (PIPESGD_JOB_TOKEN must be that of the job; "
+          "`pipesgd run` sets it)",
+          options_.master_addr, options_.master_port, why));
+      // Not one of the job's connections: a later failure of the job is none of its business.
+      std::erase_if(accepted_, [&](const Client& c) { return c.socket == client.socket; });
+      Send(client, refusal, /*counts=*/false);
+      return;
+    }
     std::string problem;
     if (hello.protocol_version() != kProtocolVersion) {
       problem = fmt::format("rank {} (from {}) speaks protocol version {}, rank 0 speaks {}",
@@ -134,7 +162,7 @@ class Server {
       wire::RendezvousReply reply;
       for (auto& a : addresses_) reply.add_addresses(*a);
       pending_writes_ = static_cast<int>(clients_.size());
-      for (auto& [rank, c] : clients_) Send(c, reply);
+      for (auto& [rank, c] : clients_) Send(c, reply, /*counts=*/true);
     }
   }
 
@@ -144,7 +172,7 @@ class Server {
     failure_code_ = code;
     error_reply_.set_error(problem);
     for (auto& client : accepted_) {
-      if (client.socket->is_open()) Send(client, error_reply_);
+      if (client.socket->is_open()) Send(client, error_reply_, /*counts=*/false);
     }
     grace_timer_ = std::make_unique<asio::steady_timer>(
         io_, std::chrono::milliseconds(static_cast<int>(kFailureGraceS * 1000)));
@@ -152,9 +180,10 @@ class Server {
   }
 
   // Writes `reply`, then closes gracefully: shutdown our side and drain until the peer closes,
-  // so the kernel never resets the connection (which could discard the reply unread).
-  void Send(const Client& client, const wire::RendezvousReply& reply) {
-    AsyncWriteMessage(*client.socket, reply, [this, client](std::exception_ptr error) {
+  // so the kernel never resets the connection (which could discard the reply unread). `counts`:
+  // the reply is one of the answers to the ranks, whose completion ends the rendezvous.
+  void Send(const Client& client, const wire::RendezvousReply& reply, bool counts) {
+    AsyncWriteMessage(*client.socket, reply, [this, client, counts](std::exception_ptr error) {
       if (error) {
         PSGD_LOG_WARN("rank 0: could not send the rendezvous answer to {}: {}", client.from,
                       What(error));
@@ -163,7 +192,7 @@ class Server {
         client.socket->shutdown(tcp::socket::shutdown_send, ignored);
         Drain(client);
       }
-      if (!failure_ && --pending_writes_ == 0) done_ = true;
+      if (counts && !failure_ && --pending_writes_ == 0) done_ = true;
     });
   }
 
@@ -227,6 +256,7 @@ std::vector<std::string> RunClient(const RendezvousOptions& options, const std::
   hello.set_world_size(options.world_size);
   hello.set_address(address);
   hello.set_job(options.job);
+  hello.set_token(options.token);
   wire::RendezvousReply reply;
   std::exception_ptr error;
   bool done = false;
@@ -247,6 +277,9 @@ std::vector<std::string> RunClient(const RendezvousOptions& options, const std::
           "rank {}: rendezvous with {} failed before an answer: {} (did rank 0 fail? see its "
           "output)",
           options.rank, where, What(error));
+  }
+  if (reply.refused()) {
+    Throw(ErrorCode::kInvalidArgument, "rank {}: rendezvous: {}", options.rank, reply.error());
   }
   if (!reply.error().empty()) {
     Throw(ErrorCode::kInvalidArgument, "rank {}: rendezvous rejected the job: {}", options.rank,

@@ -170,8 +170,11 @@ class Transport {
 
   // Drives progress until `op` completes. Rethrows the op's error (a pipesgd::Error naming the
   // peer and bytes). Throws Error kDeadlineExceeded ("<what>: no progress ...") when the
-  // deadline passes, and kAborted if *abort becomes true (checked at least every 50 ms). After
-  // a deadline or abort the transport's connections are closed: the caller must not reuse them.
+  // deadline passes, and kAborted if *abort becomes true (checked at least every 50 ms). Logs a
+  // warning naming `what` (and so the peer) once when a wait runs past 10 s, or past a quarter
+  // of the time it was given if that is shorter. After any error the caller may still post a
+  // last message on the connections that work (the ring tells its neighbour why it stops) and
+  // must then Close() the transport.
   virtual void Wait(Op& op, Deadline deadline, const char* what,
                     const std::atomic<bool>* abort = nullptr) = 0;
 

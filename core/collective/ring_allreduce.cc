@@ -140,34 +140,50 @@ void Communicator::Reserve(std::vector<T>& buffer, size_t size,
                                       transport::MemoryKind::kHost);
 }
 
-void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op,
-                               uint64_t count, uint64_t chunk_index, CodecKind codec,
-                               uint64_t payload_bytes) const {
-  const int left = left_[0]->peer_rank();
+void CheckChunkHeader(const ChunkHeader& got, const ChunkHeader& want, int rank, int left) {
   if (got.magic != ChunkHeader::kMagic || got.version != ChunkHeader::kVersion) {
     Throw(ErrorCode::kDataLoss,
           "rank {}: received a chunk header from rank {} with magic {:#010x} version {}, "
           "expected {:#010x} version {}: the stream is out of sync",
-          rank_, left, got.magic, got.version, ChunkHeader::kMagic, ChunkHeader::kVersion);
+          rank, left, got.magic, got.version, ChunkHeader::kMagic, ChunkHeader::kVersion);
   }
   auto mismatch = [&](const char* what, auto theirs, auto ours) {
     Throw(ErrorCode::kDataLoss,
           "rank {}: collective #{} disagrees with rank {}: rank {} has {} = {}, rank {} has {} = "
           "{}",
-          rank_, seq, left, left, what, theirs, rank_, what, ours);
+          rank, want.seq, left, left, what, theirs, rank, what, ours);
   };
-  if (got.seq != seq) mismatch("collective sequence number", got.seq, seq);
-  if (got.op != static_cast<uint8_t>(op) || got.dtype != static_cast<uint8_t>(DataType::kFloat32)) {
+  if (got.seq != want.seq) mismatch("collective sequence number", got.seq, want.seq);
+  if (got.op != want.op || got.dtype != want.dtype) {
     mismatch("op/dtype", fmt::format("{}/{}", got.op, got.dtype),
-             fmt::format("{}/{}", static_cast<int>(op), static_cast<int>(DataType::kFloat32)));
+             fmt::format("{}/{}", want.op, want.dtype));
   }
-  if (got.count != count) mismatch("count (elements)", got.count, count);
-  if (got.chunk_index != chunk_index) mismatch("chunk index", got.chunk_index, chunk_index);
-  if (got.codec != static_cast<uint8_t>(codec)) {
-    mismatch(fmt::format("compression of chunk {}", chunk_index).c_str(),
-             CodecName(static_cast<CodecKind>(got.codec)), CodecName(codec));
+  if (got.count != want.count) mismatch("count (elements)", got.count, want.count);
+  if (got.chunk_index != want.chunk_index) {
+    mismatch("chunk index", got.chunk_index, want.chunk_index);
   }
-  if (got.payload_bytes != payload_bytes) mismatch("chunk bytes", got.payload_bytes, payload_bytes);
+  if (got.codec != want.codec) {
+    mismatch(fmt::format("compression of chunk {}", want.chunk_index).c_str(),
+             CodecName(static_cast<CodecKind>(got.codec)),
+             CodecName(static_cast<CodecKind>(want.codec)));
+  }
+  if (got.payload_bytes != want.payload_bytes) {
+    mismatch("chunk bytes", got.payload_bytes, want.payload_bytes);
+  }
+}
+
+void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op,
+                               uint64_t count, uint64_t chunk_index, CodecKind codec,
+                               uint64_t payload_bytes) const {
+  ChunkHeader want;
+  want.op = static_cast<uint8_t>(op);
+  want.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  want.codec = static_cast<uint8_t>(codec);
+  want.seq = seq;
+  want.count = count;
+  want.chunk_index = chunk_index;
+  want.payload_bytes = payload_bytes;
+  CheckChunkHeader(got, want, rank_, left_[0]->peer_rank());
 }
 
 void Communicator::PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t count,
@@ -183,6 +199,7 @@ void Communicator::PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t
   slot.header.payload_bytes = bytes;
   slot.header.sender_rank = static_cast<uint32_t>(rank_);
   slot.op.Set(&slot.header, sizeof(ChunkHeader), payload, bytes);
+  next_send_index_ = index + 1;
   stats_.chunks_sent += 1;
   stats_.bytes_sent += sizeof(ChunkHeader) + bytes;
   stats_.payload_bytes += bytes;
@@ -222,26 +239,113 @@ void Communicator::ApplyErrorFeedback(std::span<float> data, const RingPlan& pla
   }
 }
 
+void Communicator::WaitFor(transport::Op& o, int peer, Deadline deadline, const char* what,
+                           const std::atomic<bool>* abort) {
+  waiting_on_ = peer;
+  transport_->Wait(o, deadline, what, abort);
+  waiting_on_ = -1;
+}
+
+void Communicator::ThrowIfAbortNotice(const ChunkHeader& header, size_t stream, uint64_t seq) {
+  if (header.magic != ChunkHeader::kAbortMagic) return;
+  const int left = left_[0]->peer_rank();
+  const int origin = static_cast<int>(header.count);
+  std::string report = "(no report)";
+  // The text follows as its own receive of exactly payload_bytes: on the message transports (UCX,
+  // ibverbs) each non-empty part of the sender's one send is one message, so this receive mirrors
+  // it; an empty text was not sent at all, so nothing is received for it.
+  if (header.payload_bytes == 0) {
+    report.clear();
+  } else if (header.payload_bytes <= ChunkHeader::kMaxAbortBytes) {
+    abort_text_.assign(header.payload_bytes, '\0');
+    abort_text_op_.Set(abort_text_.data(), abort_text_.size());
+    left_[stream]->PostRecv(abort_text_op_);
+    try {
+      transport_->Wait(abort_text_op_, Deadline::After(1), "an abort notice's text");
+      report = abort_text_;
+    } catch (const Error&) {
+      // The notice itself names the rank; its text is a courtesy.
+    }
+  }
+  failure_origin_ = origin;
+  failure_report_ = report;
+  Throw(ErrorCode::kUnavailable,
+        "rank {}: collective #{} aborted: rank {} failed or is gone (relayed by rank {}; first "
+        "report: {})",
+        rank_, seq, origin, left, report);
+}
+
+void Communicator::NotifyAndClose(const Error& error, uint64_t seq) {
+  failed_ = true;
+  if (failure_origin_ < 0) {
+    // The root cause is here: a neighbour that broke or stalled under one of our waits, or this
+    // rank itself (a disagreement it detected, a non-finite value, a local abort).
+    const bool peer_fault =
+        (error.code() == ErrorCode::kUnavailable || error.code() == ErrorCode::kDeadlineExceeded) &&
+        waiting_on_ >= 0;
+    failure_origin_ = peer_fault ? waiting_on_ : rank_;
+    failure_report_ = error.what();
+  }
+  if (!right_.empty() && right_[0]->peer_rank() != failure_origin_) {
+    SendSlot& notice = abort_notice_;
+    notice.header = ChunkHeader{};
+    notice.header.magic = ChunkHeader::kAbortMagic;
+    notice.header.seq = seq;
+    notice.header.count = static_cast<uint64_t>(failure_origin_);
+    notice.header.chunk_index = next_send_index_;
+    abort_text_ = failure_report_.substr(0, ChunkHeader::kMaxAbortBytes);
+    notice.header.payload_bytes = abort_text_.size();
+    notice.header.sender_rank = static_cast<uint32_t>(rank_);
+    notice.op.Set(&notice.header, sizeof(ChunkHeader), abort_text_.data(), abort_text_.size());
+    try {
+      right_[next_send_index_ % right_.size()]->PostSend(notice.op);
+      transport_->Wait(notice.op, Deadline::After(1), "an abort notice to the right neighbour");
+    } catch (const Error&) {
+      // Best effort: the neighbour may be the one that is gone, or stalled.
+    }
+  }
+  transport_->Close();
+}
+
 void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
                              const std::atomic<bool>* abort, const AllReduceOptions& call) {
   const uint64_t seq = seq_++;
-  const int n = world_size_;
   stats_ = WireStats{};
   PSGD_CHECK_LE(call.exact_tail, data.size());
-  if (n == 1) return;  // averaging over one rank is the identity
+  if (world_size_ == 1) return;  // averaging over one rank is the identity
+  if (failed_) {
+    Throw(ErrorCode::kAborted,
+          "rank {}: collective #{}: this communicator failed earlier (rank {} failed or is "
+          "gone: {}); restart the job",
+          rank_, seq, failure_origin_, failure_report_);
+  }
+  next_send_index_ = 0;
+  try {
+    Run(data, op, deadline, abort, call, seq);
+  } catch (const Error& error) {
+    NotifyAndClose(error, seq);
+    throw;
+  }
+}
+
+void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
+                       const std::atomic<bool>* abort, const AllReduceOptions& call,
+                       uint64_t seq) {
+  const int n = world_size_;
   if (data.empty()) {
     // Nothing to reduce, but neighbours must still agree: one header each way, so a rank that
     // calls with 0 elements while its neighbour has N fails by name instead of by timeout.
     if (send_slots_.empty()) send_slots_.resize(1);
     SendSlot& slot = send_slots_[0];
     PostChunk(slot, seq, op, 0, 0, CodecKind::kNone, nullptr, 0);
-    ChunkHeader header;
-    transport::Op recv;
+    ChunkHeader& header = recv_headers_[0];
+    transport::Op& recv = recv_header_ops_[0];
     recv.Set(&header, sizeof(ChunkHeader));
     left_[0]->PostRecv(recv);
-    transport_->Wait(recv, deadline, wait_header_.c_str(), abort);
+    WaitFor(recv, left_[0]->peer_rank(), deadline, wait_header_.c_str(), abort);
+    ThrowIfAbortNotice(header, 0, seq);
     CheckHeader(header, seq, op, 0, 0, CodecKind::kNone, 0);
-    transport_->Wait(slot.op, deadline, wait_send_.c_str(), abort);
+    WaitFor(slot.op, right_[0]->peer_rank(), deadline, wait_send_.c_str(), abort);
     return;
   }
 
@@ -335,8 +439,10 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
     PostChunk(send_slots_[index], seq, op, data.size(), index, kind, bytes.data(), bytes.size());
     return std::span<const std::byte>(bytes);
   };
+  const int left_rank = left_[0]->peer_rank();
+  const int right_rank = right_[0]->peer_rank();
   auto wait = [&](transport::Op& o, const char* what) {
-    transport_->Wait(o, deadline, what, abort);
+    WaitFor(o, what == wait_send_.c_str() ? right_rank : left_rank, deadline, what, abort);
   };
 
   // Reduce-scatter step 0: this rank's own block goes out whole, right away.
@@ -347,9 +453,11 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
 
   // Headers are received one chunk ahead of payloads, into two alternating buffers, so the
   // next header is already queued while a payload arrives.
-  ChunkHeader headers[2];
-  transport::Op header_ops[2];
-  transport::Op payload_op;
+  // Members, not locals: after an error the ops are still queued on their connections until
+  // NotifyAndClose closes them, which happens after this frame unwinds.
+  ChunkHeader* headers = recv_headers_;
+  transport::Op* header_ops = recv_header_ops_;
+  transport::Op& payload_op = recv_payload_op_;
   if (total_recvs > 0) {
     header_ops[0].Set(&headers[0], sizeof(ChunkHeader));
     left_[0]->PostRecv(header_ops[0]);
@@ -363,6 +471,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
       const bool encoded = coded(range);
       const uint64_t bytes = wire_bytes(range);
       wait(header_ops[index % 2], wait_header_.c_str());
+      ThrowIfAbortNotice(headers[index % 2], index % left_.size(), seq);
       CheckHeader(headers[index % 2], seq, op, data.size(), index,
                   encoded ? kind : CodecKind::kNone, bytes);
 

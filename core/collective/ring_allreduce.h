@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/base/deadline.h"
+#include "core/base/error.h"
 #include "core/collective/codec.h"
 #include "transport/transport.h"
 
@@ -74,6 +75,11 @@ class RingPlan {
 // its right neighbour within one collective, so a lost, duplicated or reordered chunk is caught.
 struct ChunkHeader {
   static constexpr uint32_t kMagic = 0x43475350;  // "PSGC"
+  // An abort notice instead of a chunk: the sender stops; `count` is the rank that failed or is
+  // gone (the root cause, relayed unchanged around the ring) and the payload (at most
+  // kMaxAbortBytes) is the first report of it, as text.
+  static constexpr uint32_t kAbortMagic = 0x41475350;  // "PSGA"
+  static constexpr uint64_t kMaxAbortBytes = 4096;
   static constexpr uint8_t kVersion = 1;
 
   uint32_t magic = kMagic;
@@ -97,6 +103,11 @@ static_assert(sizeof(ChunkHeader) == 48);
 // overlap gains; above 4 MiB the pipeline fill (one chunk per ring) grows with nothing gained.
 // Measured on the emulated 1gbit lab: docs/results/allreduce_lab_1gbit.md.
 uint64_t AutoChunkBytes(uint64_t count, int world_size);
+
+// Checks a received chunk header against the one `rank` expects from its left neighbour
+// `left` (magic, version, sequence, op, dtype, count, chunk index, codec, payload bytes; the
+// sender rank is not checked). Throws Error(kDataLoss) naming both ranks and both values.
+void CheckChunkHeader(const ChunkHeader& got, const ChunkHeader& want, int rank, int left);
 
 struct CommunicatorOptions {
   static constexpr uint64_t kAutoChunkBytes = 0;
@@ -188,7 +199,9 @@ class Communicator {
   // Throws Error: kDataLoss (a neighbour disagrees: message names both ranks and both values),
   // kUnavailable (a neighbour is gone), kDeadlineExceeded, kAborted (*abort became true),
   // kNumerical (a non-finite value in data that was to be compressed: names the element).
-  // After any error the communicator is unusable.
+  // After any error the communicator is unusable: it first tells its right neighbour why it
+  // stops (an abort notice naming the rank that failed or is gone, relayed around the ring, so
+  // every rank's error names the root cause, not just its neighbour), then closes.
   void AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
                  const std::atomic<bool>* abort = nullptr, const AllReduceOptions& call = {});
 
@@ -198,6 +211,12 @@ class Communicator {
   const WireStats& last_wire_stats() const { return stats_; }
   // The error-feedback residual (empty until the first compressed call with error feedback).
   std::span<const float> residual() const { return residual_; }
+  // Checkpoint restore: the residual, and the sequence number of the next collective (every
+  // rank must restore the same one).
+  void RestoreResidual(std::span<const float> residual) {
+    residual_.assign(residual.begin(), residual.end());
+  }
+  void RestoreSequence(uint64_t seq) { seq_ = seq; }
 
  private:
   Communicator() = default;
@@ -213,6 +232,17 @@ class Communicator {
                  CodecKind codec, const void* payload, uint64_t bytes);
   void CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op, uint64_t count,
                    uint64_t chunk_index, CodecKind codec, uint64_t payload_bytes) const;
+  void Run(std::span<float> data, ReduceOp op, Deadline deadline,
+           const std::atomic<bool>* abort, const AllReduceOptions& call, uint64_t seq);
+  // Waits for `o`, remembering which neighbour it depends on (for the abort notice).
+  void WaitFor(transport::Op& o, int peer, Deadline deadline, const char* what,
+               const std::atomic<bool>* abort);
+  // If `header` is an abort notice: reads its text (from `stream` of the left neighbour) and
+  // throws kUnavailable naming the rank that failed. Otherwise returns.
+  void ThrowIfAbortNotice(const ChunkHeader& header, size_t stream, uint64_t seq);
+  // Best effort, bounded: tells the right neighbour why this rank stops, then closes.
+  void NotifyAndClose(const Error& error, uint64_t seq);
+
   // Error feedback on data[0, head): see AllReduce.
   void ApplyErrorFeedback(std::span<float> data, const RingPlan& plan, uint64_t head,
                           uint64_t seq);
@@ -242,6 +272,20 @@ class Communicator {
   // Registrations of scratch_, send_arena_ and recv_arena_ (null until first used).
   std::unique_ptr<transport::MemoryRegion> scratch_region_, send_arena_region_, recv_arena_region_;
   WireStats stats_;
+  // Failure handling: the neighbour the current wait depends on, the next chunk index this rank
+  // would send (the receiver looks for the abort notice where that chunk's header would be),
+  // and the root cause once known.
+  ChunkHeader recv_headers_[2];
+  transport::Op recv_header_ops_[2];
+  transport::Op recv_payload_op_;
+  SendSlot abort_notice_;
+  std::string abort_text_;
+  transport::Op abort_text_op_;
+  int waiting_on_ = -1;
+  uint64_t next_send_index_ = 0;
+  int failure_origin_ = -1;
+  std::string failure_report_;
+  bool failed_ = false;
 };
 
 }  // namespace pipesgd::collective

@@ -47,6 +47,8 @@ class SgdOptimizer : public Optimizer {
   void Apply(std::span<float> params, std::span<const float> grads) override {
     sgd_.Step(params, grads);
   }
+  std::vector<float> SaveState() const override { return sgd_.SaveState(); }
+  void LoadState(std::span<const float> state) override { sgd_.LoadState(state); }
 
  private:
   layers::Sgd sgd_;

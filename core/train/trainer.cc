@@ -123,8 +123,9 @@ void Trainer::Step() {
   steps_ = t + 1;
   losses_.push_back(std::numeric_limits<float>::quiet_NaN());
 
-  // Apply G[t-K+1]: with K = 1 that is this step's own aggregate (synchronous SGD).
-  if (t - k + 1 >= 0) Finish(t - k + 1, /*apply=*/true);
+  // Apply G[t-K+1]: with K = 1 that is this step's own aggregate (synchronous SGD). After a
+  // restore from a drained snapshot, steps before finished_ were applied already.
+  if (t - k + 1 >= finished_) Finish(t - k + 1, /*apply=*/true);
 }
 
 void Trainer::Finish(int64_t s, bool apply) {
@@ -200,6 +201,65 @@ float Trainer::StepLoss(int64_t step) const {
 WireTotals Trainer::wire_totals() const {
   std::lock_guard<std::mutex> lock(mu_);
   return wire_;
+}
+
+TrainerSnapshot Trainer::Snapshot() {
+  Sync();
+  TrainerSnapshot snapshot;
+  snapshot.steps = steps_;
+  snapshot.applied = applied_;
+  snapshot.losses = losses_;
+  for (int64_t s = finished_; s < steps_; ++s) {
+    const Slot& slot = slots_[s % options_.pipeline_width];
+    PSGD_CHECK_EQ(slot.step, s);
+    for (size_t i = 0; i < slot.buffer.size(); ++i) {
+      if (!std::isfinite(slot.buffer[i])) {
+        Throw(ErrorCode::kNumerical,
+              "rank {}: step {}: the pending aggregate has a non-finite value ({}) at element "
+              "{}; not taking a checkpoint of this state",
+              comm_.rank(), s, slot.buffer[i], i);
+      }
+    }
+    snapshot.pending.push_back({s, slot.buffer});
+  }
+  return snapshot;
+}
+
+void Trainer::Restore(const TrainerSnapshot& snapshot) {
+  PSGD_CHECK_EQ(steps_, 0);
+  const int64_t k = options_.pipeline_width;
+  const auto pending = static_cast<int64_t>(snapshot.pending.size());
+  // A drained snapshot (the end of a run) has none: the pipeline then refills, as at step 0.
+  const int64_t expected_pending = std::min<int64_t>(k - 1, snapshot.steps);
+  if (snapshot.steps < 0 || pending > expected_pending ||
+      snapshot.losses.size() != static_cast<size_t>(snapshot.steps)) {
+    Throw(ErrorCode::kDataLoss,
+          "trainer snapshot at step {} has {} pending aggregates and {} losses: expected at most "
+          "{} pending (pipeline width {}) and {} losses",
+          snapshot.steps, pending, snapshot.losses.size(), expected_pending, k, snapshot.steps);
+  }
+  for (int64_t i = 0; i < pending; ++i) {
+    const TrainerSnapshot::Pending& p = snapshot.pending[i];
+    if (p.step != snapshot.steps - pending + i || p.aggregate.size() != num_params_ + 1) {
+      Throw(ErrorCode::kDataLoss,
+            "trainer snapshot at step {}: pending aggregate {} is for step {} with {} floats; "
+            "expected step {} with {}",
+            snapshot.steps, i, p.step, p.aggregate.size(), snapshot.steps - pending + i,
+            num_params_ + 1);
+    }
+  }
+  steps_ = snapshot.steps;
+  applied_ = snapshot.applied;
+  finished_ = snapshot.steps - pending;
+  losses_ = snapshot.losses;
+  for (const TrainerSnapshot::Pending& p : snapshot.pending) {
+    Slot& slot = slots_[p.step % k];
+    slot.buffer = p.aggregate;
+    slot.step = p.step;
+    slot.busy = true;
+    slot.job.data = slot.buffer;
+    slot.job.done = true;  // reduced before the checkpoint; nothing to send
+  }
 }
 
 }  // namespace pipesgd::train

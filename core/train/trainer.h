@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/base/error.h"
 #include "core/collective/ring_allreduce.h"
 
 namespace pipesgd::train {
@@ -48,6 +49,29 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual void Apply(std::span<float> params, std::span<const float> grads) = 0;
+  // Everything Apply depends on besides params and grads, for checkpoints (e.g. momentum).
+  virtual std::vector<float> SaveState() const { return {}; }
+  // Restores SaveState's floats; throws Error(kDataLoss) when they do not fit.
+  virtual void LoadState(std::span<const float> state) {
+    if (!state.empty()) {
+      Throw(ErrorCode::kDataLoss, "optimizer state of {} floats: this optimizer has none",
+            state.size());
+    }
+  }
+};
+
+// The trainer's own state between steps, for checkpoints: with width K, the aggregates of the
+// last K-1 steps have been reduced but not applied yet; they are part of the state, so that a
+// resumed run applies exactly what the uninterrupted one would have.
+struct TrainerSnapshot {
+  int64_t steps = 0;    // gradients computed so far (the next step to compute)
+  int64_t applied = 0;  // updates applied so far
+  std::vector<float> losses;  // rank-averaged loss of every step so far (NaN: unknown)
+  struct Pending {
+    int64_t step = 0;
+    std::vector<float> aggregate;  // num_params averaged gradient floats, then the loss
+  };
+  std::vector<Pending> pending;  // ascending steps, at most K-1
 };
 
 struct TrainerOptions {
@@ -110,6 +134,14 @@ class Trainer {
   float StepLoss(int64_t step) const;
   // Totals over the gradient AllReduces finished so far (thread-safe).
   WireTotals wire_totals() const;
+
+  // Waits for every AllReduce in flight and returns the state between steps (pending
+  // aggregates included, not applied). Throws Error(kNumerical) if a pending aggregate is not
+  // finite (no checkpoint is ever taken from such a state), and whatever the AllReduces threw.
+  TrainerSnapshot Snapshot();
+  // Continues from a snapshot. REQUIRES: no step has run on this trainer. Throws
+  // Error(kDataLoss) if the snapshot does not fit (pending count or sizes, losses).
+  void Restore(const TrainerSnapshot& snapshot);
 
  private:
   struct Job {

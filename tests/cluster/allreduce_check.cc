@@ -22,7 +22,7 @@ int main() {
     const uint16_t port = static_cast<uint16_t>(std::atoi(std::getenv("MASTER_PORT")));
     transport::tcp::TcpOptions tcp{rank, world, transport::LocalIpToward(master, port)};
     auto transport = transport::tcp::CreateTcpTransport(tcp);
-    transport::RendezvousOptions rdv{master, port, rank, world, "allreduce_check"};
+    transport::RendezvousOptions rdv{master, port, rank, world, "allreduce_check", ""};
     auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(),
                                                     Deadline::After(30));
     auto comm = collective::Communicator::Create(std::move(transport), world, addresses, {},

@@ -18,7 +18,7 @@ inline std::unique_ptr<collective::Communicator> ConnectRing(
   tcp.world_size = ctx.world_size;
   tcp.bind_host = "127.0.0.1";
   auto transport = transport::tcp::CreateTcpTransport(tcp);
-  transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size, "test"};
+  transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size, "test", ""};
   auto addresses =
       transport::RendezvousAllGather(rdv, transport->LocalAddress(), Deadline::After(30));
   return collective::Communicator::Create(std::move(transport), ctx.world_size, addresses,

@@ -64,7 +64,8 @@ Connected ConnectAll(const TransportParam& p, const RankContext& ctx, int stream
   }
   Connected c;
   c.transport = MakeTransport(p, ctx, peers, streams);
-  transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size, "test"};
+  transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size,
+                                   "test", ""};
   auto addresses =
       transport::RendezvousAllGather(rdv, c.transport->LocalAddress(), Deadline::After(30));
   std::vector<std::pair<int, std::string>> list;

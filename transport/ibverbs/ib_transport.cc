@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -831,14 +832,27 @@ void IbTransport::Close() {
 
 void IbTransport::Wait(Op& op, Deadline deadline, const char* what,
                        const std::atomic<bool>* abort) {
+  // Does not Close() on a deadline or an abort: the caller may still tell a neighbour why it
+  // stops, then closes (transport.h).
+  const auto start = Deadline::Clock::now();
+  const auto stall_after = std::min<Deadline::Clock::duration>(
+      std::chrono::seconds(10), (deadline.when() - start) / 4);
+  bool warned = false;
   int idle = 0;
   while (!op.done) {
     if (abort && abort->load(std::memory_order_relaxed)) {
-      Close();
       Throw(ErrorCode::kAborted, "rank {}: {}: aborted", options_.rank, what);
     }
+    if (!warned && Deadline::Clock::now() - start > stall_after) {
+      warned = true;
+      PSGD_LOG_WARN("rank {}: still waiting after {:.1f} s for {} ({} of {} bytes; deadline in "
+                    "{:.0f} s)",
+                    options_.rank,
+                    std::chrono::duration<double>(Deadline::Clock::now() - start).count(), what,
+                    op.bytes_done, op.total_bytes(),
+                    std::chrono::duration<double>(deadline.when() - Deadline::Clock::now()).count());
+    }
     if (deadline.expired()) {
-      Close();
       Throw(ErrorCode::kDeadlineExceeded,
             "rank {}: timed out waiting for {} ({} bytes): the peer is stalled or gone",
             options_.rank, what, op.total_bytes());

@@ -145,6 +145,8 @@ class UcxConnection final : public Connection {
   // endpoint. Outside progress only.
   void Fail(std::exception_ptr error);
   bool idle() const { return !send_.head && !recv_.head && !close_request_; }
+  // Starts flushing the endpoint (UCX request, or null when there is nothing to wait for).
+  void* StartFlush();
   const std::exception_ptr& failed() const { return failed_; }
 
   // UCX's endpoint error callback (inside ucp_worker_progress): only records the status.
@@ -260,7 +262,7 @@ UcxConnection::UcxConnection(UcxTransport& owner, int self_rank, int peer_rank, 
 }
 
 UcxConnection::~UcxConnection() {
-  if (!failed_ && ep_) {
+  if (!failed_ && ep_ && peer_error_ == UCS_OK) {
     // Flush, then close: a send that completed locally may still be on its way, and a forced
     // close would drop it before the peer has it.
     ucp_request_param_t param{};
@@ -363,6 +365,13 @@ void UcxConnection::Fail(std::exception_ptr error) {
     ep_ = nullptr;
     if (UCS_PTR_IS_PTR(request)) close_request_ = request;
   }
+}
+
+void* UcxConnection::StartFlush() {
+  if (failed_ || !ep_ || peer_error_ != UCS_OK) return nullptr;
+  ucp_request_param_t param{};
+  void* request = ucp_ep_flush_nbx(ep_, &param);
+  return UCS_PTR_IS_PTR(request) ? request : nullptr;
 }
 
 void UcxConnection::PostSend(Op& op) { Post<true>(op); }
@@ -477,8 +486,11 @@ void UcxConnection::Advance() {
       }
     }
   }
+  // The grace holds even while no receive is posted: the caller may be about to post one for a
+  // message already here (the ring reads an abort notice's text right after its header, and the
+  // neighbour that sent it closes at once).
   if (peer_error_ != UCS_OK && !failed_ &&
-      (Deadline::Clock::now() - peer_error_at_ > kPeerErrorGrace || !recv_.head)) {
+      Deadline::Clock::now() - peer_error_at_ > kPeerErrorGrace) {
     Fail(PeerError());
   }
   AdvanceQueue<true>(send_);
@@ -619,6 +631,19 @@ void UcxTransport::Sleep(Deadline::Clock::time_point until) {
 void UcxTransport::Poll() { ProgressOnce(); }
 
 void UcxTransport::Close() {
+  // Flush first, bounded: a send that completed locally (the ring's abort notice, sent just
+  // before the ring closes) may still be on its way, and the forced close below would drop it.
+  std::vector<void*> flushes;
+  for (UcxConnection* c : live_) {
+    if (void* request = c->StartFlush()) flushes.push_back(request);
+  }
+  const auto until = Deadline::After(1);
+  for (void* request : flushes) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && !until.expired()) {
+      if (!ProgressOnce()) Sleep(std::min(until.when(), Deadline::After(0.001).when()));
+    }
+    ucp_request_free(request);
+  }
   auto error = std::make_exception_ptr(Error(
       ErrorCode::kAborted, fmt::format("rank {}: transport closed", options_.rank)));
   for (UcxConnection* c : std::vector<UcxConnection*>(live_.begin(), live_.end())) c->Fail(error);
@@ -628,14 +653,27 @@ void UcxTransport::Close() {
 
 void UcxTransport::Wait(Op& op, Deadline deadline, const char* what,
                         const std::atomic<bool>* abort) {
+  // Does not Close() on a deadline or an abort: the caller may still tell a neighbour why it
+  // stops, then closes (transport.h).
+  const auto start = Deadline::Clock::now();
+  const auto stall_after = std::min<Deadline::Clock::duration>(
+      std::chrono::seconds(10), (deadline.when() - start) / 4);
+  bool warned = false;
   int idle = 0;
   while (!op.done) {
     if (abort && abort->load(std::memory_order_relaxed)) {
-      Close();
       Throw(ErrorCode::kAborted, "rank {}: {}: aborted", options_.rank, what);
     }
+    if (!warned && Deadline::Clock::now() - start > stall_after) {
+      warned = true;
+      PSGD_LOG_WARN("rank {}: still waiting after {:.1f} s for {} ({} of {} bytes; deadline in "
+                    "{:.0f} s)",
+                    options_.rank,
+                    std::chrono::duration<double>(Deadline::Clock::now() - start).count(), what,
+                    op.bytes_done, op.total_bytes(),
+                    std::chrono::duration<double>(deadline.when() - Deadline::Clock::now()).count());
+    }
     if (deadline.expired()) {
-      Close();
       Throw(ErrorCode::kDeadlineExceeded,
             "rank {}: timed out waiting for {} ({} bytes): the peer is stalled or gone",
             options_.rank, what, op.total_bytes());

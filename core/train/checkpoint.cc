@@ -1,0 +1,203 @@
+#include "core/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <vector>
+
+#include "core/base/error.h"
+#include "core/base/log.h"
+
+namespace pipesgd::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[4] = {'P', 'S', 'G', 'K'};
+constexpr uint32_t kFormatVersion = 1;
+constexpr size_t kHeaderBytes = 16;  // magic, version, payload length
+constexpr size_t kTrailerBytes = 4;  // CRC-32
+
+static_assert(std::endian::native == std::endian::little, "checkpoints are little-endian");
+
+uint32_t Crc32(const std::string& bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib takes uInt lengths: feed large payloads in pieces.
+  const char* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    const uInt n = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(p), n);
+    p += n;
+    left -= n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+[[noreturn]] void ThrowIo(const std::string& what, const fs::path& path) {
+  Throw(ErrorCode::kIo, "checkpoint: cannot {} {}: {}", what, path.string(), std::strerror(errno));
+}
+
+// Writes all of `bytes` to fd; throws naming the path.
+void WriteAll(int fd, const char* data, size_t size, const fs::path& path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      ThrowIo("write", path);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void FsyncDirectory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) ThrowIo("open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) ThrowIo("fsync directory", dir);
+}
+
+// This rank's checkpoint files in dir, newest step first.
+std::vector<std::pair<int64_t, fs::path>> ListCheckpoints(const fs::path& dir, int rank) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return found;
+  const std::regex name("ckpt-([0-9]{12})\\.rank" + std::to_string(rank));
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, m, name)) found.emplace_back(std::stoll(m[1].str()), entry.path());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return found;
+}
+
+}  // namespace
+
+fs::path CheckpointPath(const fs::path& dir, int64_t step, int rank) {
+  return dir / fmt::format("ckpt-{:012d}.rank{}", step, rank);
+}
+
+void WriteCheckpoint(const fs::path& dir, const checkpoint::Checkpoint& checkpoint, int keep) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    Throw(ErrorCode::kIo, "checkpoint: cannot create directory {}: {}", dir.string(), ec.message());
+  }
+  std::string payload;
+  if (!checkpoint.SerializeToString(&payload)) {
+    Throw(ErrorCode::kInternal, "checkpoint: cannot serialize step {} ({} bytes)",
+          checkpoint.steps(), checkpoint.ByteSizeLong());
+  }
+  std::string header(kHeaderBytes, '\0');
+  std::memcpy(header.data(), kMagic, 4);
+  std::memcpy(header.data() + 4, &kFormatVersion, 4);
+  const uint64_t length = payload.size();
+  std::memcpy(header.data() + 8, &length, 8);
+  const uint32_t crc = Crc32(payload);
+
+  const fs::path final_path = CheckpointPath(dir, checkpoint.steps(), checkpoint.rank());
+  const fs::path tmp_path = final_path.string() + fmt::format(".tmp.{}", ::getpid());
+  const int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) ThrowIo("create", tmp_path);
+  try {
+    WriteAll(fd, header.data(), header.size(), tmp_path);
+    WriteAll(fd, payload.data(), payload.size(), tmp_path);
+    WriteAll(fd, reinterpret_cast<const char*>(&crc), sizeof(crc), tmp_path);
+    if (::fsync(fd) != 0) ThrowIo("fsync", tmp_path);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp_path.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) ThrowIo("close", tmp_path);
+  if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) ThrowIo("rename into place", final_path);
+  FsyncDirectory(dir);
+
+  // Only now that the new one is durable: drop the old ones (and temporaries of crashed writes).
+  const auto existing = ListCheckpoints(dir, checkpoint.rank());
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < existing.size(); ++i) {
+    fs::remove(existing[i].second, ec);
+  }
+  const std::string stale_prefix = fmt::format(".rank{}.tmp.", checkpoint.rank());
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind("ckpt-", 0) == 0 && file.find(stale_prefix) != std::string::npos &&
+        entry.path() != tmp_path) {
+      fs::remove(entry.path(), ec);
+    }
+  }
+}
+
+checkpoint::Checkpoint ReadCheckpoint(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) Throw(ErrorCode::kNotFound, "checkpoint {}: no such file", path.string());
+    Throw(ErrorCode::kIo, "checkpoint {}: cannot open: {}", path.string(), std::strerror(errno));
+  }
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseCheckpoint(bytes, path.string());
+}
+
+checkpoint::Checkpoint ParseCheckpoint(const std::string& bytes, const std::string& name) {
+  auto bad = [&](const std::string& why) {
+    Throw(ErrorCode::kDataLoss, "checkpoint {}: {}", name, why);
+  };
+  if (bytes.size() < kHeaderBytes + kTrailerBytes) {
+    bad(fmt::format("truncated: {} bytes, shorter than the {}-byte frame", bytes.size(),
+                    kHeaderBytes + kTrailerBytes));
+  }
+  if (std::memcmp(bytes.data(), kMagic, 4) != 0) bad("not a pipesgd checkpoint (bad magic)");
+  uint32_t version = 0;
+  std::memcpy(&version, bytes.data() + 4, 4);
+  if (version != kFormatVersion) {
+    bad(fmt::format("format version {}, this program reads version {}", version, kFormatVersion));
+  }
+  uint64_t length = 0;
+  std::memcpy(&length, bytes.data() + 8, 8);
+  const uint64_t available = bytes.size() - kHeaderBytes - kTrailerBytes;
+  if (length != available) {
+    bad(fmt::format("truncated or padded: the header says {} payload bytes, the file has {}",
+                    length, available));
+  }
+  const std::string payload = bytes.substr(kHeaderBytes, length);
+  uint32_t stored_crc = 0;
+  std::memcpy(&stored_crc, bytes.data() + kHeaderBytes + length, 4);
+  const uint32_t crc = Crc32(payload);
+  if (crc != stored_crc) {
+    bad(fmt::format("checksum mismatch (stored {:#010x}, computed {:#010x}): the file is corrupt",
+                    stored_crc, crc));
+  }
+  checkpoint::Checkpoint checkpoint;
+  if (!checkpoint.ParseFromString(payload)) bad("the payload does not parse");
+  return checkpoint;
+}
+
+std::optional<checkpoint::Checkpoint> LoadLatestCheckpoint(const fs::path& dir, int rank,
+                                                           std::optional<int64_t> step) {
+  for (const auto& [file_step, path] : ListCheckpoints(dir, rank)) {
+    if (step && file_step != *step) continue;
+    try {
+      checkpoint::Checkpoint checkpoint = ReadCheckpoint(path);
+      if (checkpoint.steps() != file_step || checkpoint.rank() != rank) {
+        Throw(ErrorCode::kDataLoss, "checkpoint {}: holds step {} of rank {}, its name says step {} "
+              "of rank {}", path.string(), checkpoint.steps(), checkpoint.rank(), file_step, rank);
+      }
+      return checkpoint;
+    } catch (const Error& e) {
+      PSGD_LOG_WARN("rank {}: skipping checkpoint: {}; trying the previous one", rank, e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace pipesgd::train

@@ -1,0 +1,164 @@
+#include "launcher/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "core/base/error.h"
+
+extern char** environ;
+
+namespace pipesgd::launcher {
+namespace {
+
+// The child's environment as "NAME=VALUE" strings, built before the fork (setenv after a fork
+// is not async-signal-safe).
+std::vector<std::string> ChildEnvironment(const ChildSpec& spec) {
+  std::map<std::string, std::string> vars;
+  std::vector<std::string> order;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string name = entry.substr(0, eq);
+    if (vars.emplace(name, entry.substr(eq + 1)).second) order.push_back(name);
+  }
+  for (const auto& [name, value] : spec.env_defaults) {
+    if (vars.emplace(name, value).second) order.push_back(name);
+  }
+  for (const auto& [name, value] : spec.env) {
+    if (!vars.count(name)) order.push_back(name);
+    vars[name] = value;
+  }
+  for (const auto& name : spec.env_unset) vars.erase(name);
+  std::vector<std::string> out;
+  for (const auto& name : order) {
+    auto it = vars.find(name);
+    if (it != vars.end()) out.push_back(name + "=" + it->second);
+  }
+  return out;
+}
+
+}  // namespace
+
+Child SpawnChild(const ChildSpec& spec, const std::string& what) {
+  if (spec.argv.empty()) Throw(ErrorCode::kInvalidArgument, "{}: nothing to run", what);
+  std::vector<std::string> argv = spec.argv;
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  std::vector<std::string> envp = ChildEnvironment(spec);
+  std::vector<char*> cenvp;
+  for (auto& e : envp) cenvp.push_back(e.data());
+  cenvp.push_back(nullptr);
+
+  int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]}) {
+      if (fd >= 0) close(fd);
+    }
+  };
+  if ((spec.stdin_pipe && pipe2(in, O_CLOEXEC) != 0) || pipe2(out, O_CLOEXEC) != 0 ||
+      pipe2(err, O_CLOEXEC) != 0) {
+    const int e = errno;
+    close_all();
+    Throw(ErrorCode::kIo, "cannot start {}: pipe: {}", what, std::strerror(e));
+  }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int e = errno;
+    close_all();
+    Throw(ErrorCode::kIo, "cannot start {}: fork: {}", what, std::strerror(e));
+  }
+  if (pid == 0) {
+    // If the launcher dies without stopping us (kill -9, a closed terminal), stop too; the
+    // getppid() check closes the race with a launcher that died before prctl.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    if (spec.own_process_group) setpgid(0, 0);
+    if (spec.stdin_pipe) dup2(in[0], STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execvpe(cargv[0], cargv.data(), cenvp.data());
+    const int e = errno;
+    dprintf(STDERR_FILENO, "cannot exec %s: %s\n", cargv[0], strerror(e));
+    _exit(127);
+  }
+  // Also from the parent, so the group exists before anyone signals it.
+  if (spec.own_process_group) setpgid(pid, pid);
+  Child child;
+  child.pid = pid;
+  if (spec.stdin_pipe) {
+    close(in[0]);
+    child.stdin_fd = in[1];
+  }
+  close(out[1]);
+  close(err[1]);
+  child.out_fd = out[0];
+  child.err_fd = err[0];
+  return child;
+}
+
+std::string SelfExe() {
+  std::error_code ec;
+  auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) Throw(ErrorCode::kIo, "cannot find this program's path: {}", ec.message());
+  return path.string();
+}
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  }
+  return fmt::format("ended with wait status {}", status);
+}
+
+int ExitCodeOf(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+bool WriteAll(int fd, const char* data, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t w = write(fd, data + done, size - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+std::string RandomToken() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) Throw(ErrorCode::kIo, "cannot make a job token: getrandom: {}", std::strerror(errno));
+    got += static_cast<size_t>(n);
+  }
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+}  // namespace pipesgd::launcher

@@ -1,0 +1,60 @@
+// Starting child processes for the launchers: fork + exec with pipes on stdout and stderr (and
+// optionally stdin), an environment prepared before the fork, its own process group, and
+// PR_SET_PDEATHSIG so that a launcher killed without cleaning up (SIGKILL, a closed terminal)
+// still takes its children down.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pipesgd::launcher {
+
+struct ChildSpec {
+  // argv[0] is the program: a path, or a name looked up on PATH (execvp).
+  std::vector<std::string> argv;
+  // Set in the child's environment (replacing the launcher's value).
+  std::vector<std::pair<std::string, std::string>> env;
+  // Set only where the launcher's environment has no value (e.g. OPENBLAS_NUM_THREADS=1).
+  std::vector<std::pair<std::string, std::string>> env_defaults;
+  // Removed from the child's environment.
+  std::vector<std::string> env_unset;
+  // True: the child's stdin is a pipe whose write end the caller gets; false: inherited.
+  bool stdin_pipe = false;
+  // True: the child leads a process group of its own, so a terminal's Ctrl-C reaches only the
+  // launcher, which then stops the children in order.
+  bool own_process_group = true;
+};
+
+// A started child. The fds are the parent's ends (close-on-exec), -1 when closed.
+struct Child {
+  pid_t pid = -1;
+  int stdin_fd = -1;
+  int out_fd = -1;
+  int err_fd = -1;
+};
+
+// Starts `spec`. If exec fails, the child writes "cannot exec PROGRAM: REASON" to its stderr and
+// exits 127. Throws Error kIo if a pipe or the fork fails (naming `what`, e.g. "rank 2").
+Child SpawnChild(const ChildSpec& spec, const std::string& what);
+
+// The path of this program (/proc/self/exe). Throws Error kIo if it cannot be read.
+std::string SelfExe();
+
+// "exited with status 3", "was killed by signal 9 (Killed)" for a waitpid status.
+std::string DescribeWaitStatus(int status);
+
+// The shell's convention: the exit status, or 128+N for a death by signal N.
+int ExitCodeOf(int status);
+
+// Writes all of `data` to `fd` (retrying on EINTR and short writes). Returns false on error
+// (EPIPE for a reader that went away).
+bool WriteAll(int fd, const char* data, size_t size);
+
+// 16 random bytes from the kernel (getrandom) as 32 hex digits. Throws Error kIo if the kernel
+// gives none.
+std::string RandomToken();
+
+}  // namespace pipesgd::launcher

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Fuzzes every decoder of untrusted input with libFuzzer (clang from Debian's archive):
+# job configs and --set overrides, control-message frames (rendezvous and connection hellos),
+# chunk headers, checkpoint files. Any crash, sanitizer report or non-pipesgd exception fails.
+#   scripts/fuzz.sh [SECONDS_PER_TARGET]    default 10 (CI); a longer run: scripts/fuzz.sh 600
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_PER_TARGET="${1:-10}"
+BUILD=build-fuzz
+command -v clang++ >/dev/null || { echo "fuzz: needs clang (apt-get install clang)" >&2; exit 1; }
+CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DPIPESGD_FUZZ=ON -DPIPESGD_BUILD_TESTS=OFF >/dev/null
+targets=(config_fuzz message_fuzz chunk_header_fuzz checkpoint_fuzz)
+cmake --build "$BUILD" --parallel "$(nproc)" --target "${targets[@]}"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for t in "${targets[@]}"; do
+  corpus="$work/${t%_fuzz}"
+  mkdir -p "$corpus"
+  cp tests/fuzz/corpus/"${t%_fuzz}"/* "$corpus"/
+  echo "fuzz: $t for $SECONDS_PER_TARGET s"
+  # New inputs go to the scratch corpus, never into the repository; crashes land in $work.
+  "$BUILD/tests/fuzz/$t" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix="$work/$t-" -print_final_stats=1 "$corpus" 2>&1 | grep -E "^(#|stat::number_of_executed_units|==|SUMMARY|Done)" | tail -3 ||
+    { echo "fuzz: $t failed"; ls "$work"; exit 1; }
+  if ls "$work/$t-"* >/dev/null 2>&1; then
+    echo "fuzz: $t found a crash:"; ls "$work/$t-"*; exit 1
+  fi
+done
+echo "fuzz: all targets ran clean"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The test suite under the sanitizers (CI runs this after scripts/test.sh):
+#   ASan+UBSan: every unit and multi-process test (undefined behaviour is fatal);
+#   TSan: the concurrency tests (trainer threads, ring, peer failure, compression).
+# Usage: scripts/sanitize.sh [asan|tsan|all]   (default all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHICH="${1:-all}"
+jobs="$(nproc)"
+export OPENBLAS_NUM_THREADS=1
+if [[ "$WHICH" == asan || "$WHICH" == all ]]; then
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPIPESGD_SANITIZE=address,undefined >/dev/null
+  cmake --build build-asan --parallel "$jobs"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan -LE cluster --output-on-failure -j "$jobs" \
+    -E "MainJob|CompressedMainJob"  # accuracy runs: same code paths as shorter tests, 3x slower here
+fi
+if [[ "$WHICH" == tsan || "$WHICH" == all ]]; then
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPIPESGD_SANITIZE=thread >/dev/null
+  cmake --build build-tsan --parallel "$jobs" --target trainer_test ring_allreduce_test \
+    ring_compression_test failure_test
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
+    -R "StaleRecurrence|Divergence|DataParallel|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall"
+fi

@@ -1,0 +1,293 @@
+// Checkpoints: the on-disk frame rejects truncated and corrupt files by name and falls back to
+// the previous one; a writer killed with SIGKILL at random moments never leaves the newest
+// loadable checkpoint torn; and a training run killed mid-way and resumed ends with bitwise
+// the same parameters as an uninterrupted run, for width 1 (synchronous) and width 2.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/base/error.h"
+#include "core/train/checkpoint.h"
+#include "tests/support/subprocess.h"
+
+namespace pipesgd {
+namespace {
+
+namespace fs = std::filesystem;
+using train::CheckpointPath;
+using train::LoadLatestCheckpoint;
+using train::ReadCheckpoint;
+using train::WriteCheckpoint;
+
+const std::string kBinary = PIPESGD_BINARY;
+const std::string kConfig = std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp.pbtxt";
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "pipesgd_ckpt_XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// A checkpoint whose every value is a function of its step, so any load can be verified.
+checkpoint::Checkpoint Make(int64_t step, int rank, size_t params) {
+  checkpoint::Checkpoint c;
+  c.set_format_version(1);
+  c.set_job("job text");
+  c.set_rank(rank);
+  c.set_world_size(4);
+  c.set_steps(step);
+  c.set_applied(step - 1);
+  // Element 0 carries the step; the rest a fixed pattern (cheap to update between writes).
+  c.add_params(static_cast<float>(step));
+  for (size_t i = 1; i < params; ++i) c.add_params(1e-3f * static_cast<float>(i));
+  c.add_optimizer_state(0.0f);
+  auto* p = c.add_pending();
+  p->set_step(step - 1);
+  p->add_aggregate(0.5f * step);
+  return c;
+}
+
+bool Matches(const checkpoint::Checkpoint& c, int64_t step, size_t params) {
+  if (c.steps() != step || c.params_size() != static_cast<int>(params)) return false;
+  for (size_t i = 0; i < params; ++i) {
+    const float expected = i == 0 ? static_cast<float>(step) : 1e-3f * static_cast<float>(i);
+    const float got = c.params(static_cast<int>(i));
+    if (std::memcmp(&got, &expected, 4) != 0) return false;
+  }
+  return c.pending_size() == 1 && c.pending(0).aggregate(0) == 0.5f * step;
+}
+
+std::string ErrorOf(const fs::path& path) {
+  try {
+    ReadCheckpoint(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(CheckpointFile, RoundTripsAndKeepsTheNewest) {
+  TempDir dir;
+  for (int64_t step : {10, 20, 30, 40}) WriteCheckpoint(dir.path(), Make(step, 1, 1000), 2);
+  // keep = 2: steps 30 and 40 remain; nothing else is in the directory.
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir.path())) files.push_back(e.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"ckpt-000000000030.rank1", "ckpt-000000000040.rank1"}));
+  auto latest = LoadLatestCheckpoint(dir.path(), 1);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_TRUE(Matches(*latest, 40, 1000));
+  EXPECT_FALSE(LoadLatestCheckpoint(dir.path(), 0).has_value());  // another rank's: none
+  auto at30 = LoadLatestCheckpoint(dir.path(), 1, 30);
+  ASSERT_TRUE(at30.has_value());
+  EXPECT_TRUE(Matches(*at30, 30, 1000));
+}
+
+TEST(CheckpointFile, TruncatedOrCorruptIsRejectedAndThePreviousUsed) {
+  TempDir dir;
+  WriteCheckpoint(dir.path(), Make(10, 0, 1000), 2);
+  WriteCheckpoint(dir.path(), Make(20, 0, 1000), 2);
+  const fs::path newest = CheckpointPath(dir.path(), 20, 0);
+  const auto size = fs::file_size(newest);
+
+  // Truncated: the header's length no longer matches.
+  fs::resize_file(newest, size - 100);
+  EXPECT_NE(ErrorOf(newest).find("truncated or padded: the header says"), std::string::npos)
+      << ErrorOf(newest);
+  auto loaded = LoadLatestCheckpoint(dir.path(), 0);
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_TRUE(Matches(*loaded, 10, 1000));
+
+  // One flipped byte in the payload: the checksum catches it.
+  WriteCheckpoint(dir.path(), Make(20, 0, 1000), 2);
+  {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  EXPECT_NE(ErrorOf(newest).find("checksum mismatch"), std::string::npos) << ErrorOf(newest);
+  loaded = LoadLatestCheckpoint(dir.path(), 0);
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_TRUE(Matches(*loaded, 10, 1000));
+
+  // Not a checkpoint at all; shorter than a frame; missing.
+  std::ofstream(newest, std::ios::trunc) << "hello, this is not a checkpoint file";
+  EXPECT_NE(ErrorOf(newest).find("bad magic"), std::string::npos) << ErrorOf(newest);
+  std::ofstream(newest, std::ios::trunc) << "PSGK";
+  EXPECT_NE(ErrorOf(newest).find("truncated: 4 bytes"), std::string::npos) << ErrorOf(newest);
+  EXPECT_NE(ErrorOf(dir.path() / "nope").find("no such file"), std::string::npos);
+}
+
+TEST(CheckpointFile, KilledWriterNeverLeavesATornNewestCheckpoint) {
+  TempDir dir;
+  const size_t params = 1 << 20;  // 4 MiB per file: a write takes long enough to be hit
+  int64_t last_loaded = -1;
+  int killed_mid_write = 0;
+  for (int round = 0; round < 12; ++round) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      checkpoint::Checkpoint c = Make(1000 * (round + 1), 0, params);
+      for (int64_t step = c.steps();; ++step) {
+        c.set_steps(step);
+        c.set_applied(step - 1);
+        c.set_params(0, static_cast<float>(step));
+        c.mutable_pending(0)->set_step(step - 1);
+        c.mutable_pending(0)->set_aggregate(0, 0.5f * step);
+        WriteCheckpoint(dir.path(), c, 2);
+      }
+    }
+    // Once this round's first checkpoint is in place, kill it at an arbitrary later moment.
+    const fs::path first = CheckpointPath(dir.path(), 1000 * (round + 1), 0);
+    for (int i = 0; i < 3000 && !fs::exists(first); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(fs::exists(first)) << "round " << round << ": no checkpoint written in 30 s";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 + 13 * round));
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status));
+    // Evidence that the kill hit a write: its temporary file is still there.
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      if (e.path().filename().string().find(".tmp.") != std::string::npos) {
+        ++killed_mid_write;
+        break;
+      }
+    }
+    auto loaded = LoadLatestCheckpoint(dir.path(), 0);
+    ASSERT_TRUE(loaded.has_value()) << "round " << round;
+    EXPECT_TRUE(Matches(*loaded, loaded->steps(), params)) << "round " << round;
+    EXPECT_GT(loaded->steps(), last_loaded) << "round " << round;
+    last_loaded = loaded->steps();
+  }
+  std::printf("killed in the middle of a write in %d of 12 rounds\n", killed_mid_write);
+  EXPECT_GE(killed_mid_write, 1);
+}
+
+// --- resume through the CLI ------------------------------------------------------------------
+
+struct ResumeCase {
+  int width;
+  bool compressed;  // q8 with stochastic rounding and error feedback: residuals and the
+                    // collective sequence (it keys the rounding noise) must be restored too
+};
+
+std::vector<std::string> Job(const fs::path& ckpt_dir, const ResumeCase& c) {
+  std::vector<std::string> argv = {kBinary, "run", "-np", "2", kConfig,
+          "--set", "data.train_limit=3200", "--set", "train.epochs=2",
+          "--set", "train.pipeline_width=" + std::to_string(c.width),
+          "--set", "train.progress_per_epoch=0",
+          "--set", "checkpoint.dir=" + ckpt_dir.string(), "--set", "checkpoint.every_steps=30"};
+  if (c.compressed) {
+    for (const char* s : {"comm.compression=q8", "comm.stochastic_rounding=true",
+                          "comm.error_feedback=true", "comm.min_bytes=0"}) {
+      argv.push_back("--set");
+      argv.push_back(s);
+    }
+  }
+  return argv;
+}
+
+// Final parameters of rank `rank` from the run's final checkpoint (step 200: 2 epochs of 100).
+std::vector<float> FinalParams(const fs::path& dir, int rank) {
+  auto c = LoadLatestCheckpoint(dir, rank, 200);
+  if (!c) return {};
+  return {c->params().begin(), c->params().end()};
+}
+
+class Resume : public ::testing::TestWithParam<ResumeCase> {};
+
+TEST_P(Resume, AfterAKillGivesBitwiseTheSameFinalWeights) {
+  const ResumeCase& param = GetParam();
+  const int width = param.width;
+  TempDir straight, interrupted;
+  auto a = testing::RunCommand(Job(straight.path(), param), {}, 300);
+  ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+
+  // The same job, killed (launcher and workers, SIGKILL) once its checkpoint of step 90 exists.
+  std::vector<std::string> argv = Job(interrupted.path(), param);
+  const pid_t run = fork();
+  ASSERT_GE(run, 0);
+  if (run == 0) {
+    setpgid(0, 0);
+    std::vector<char*> args;
+    for (auto& s : argv) args.push_back(s.data());
+    args.push_back(nullptr);
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    dup2(null, 2);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  const fs::path marker = CheckpointPath(interrupted.path(), 90, 1);
+  for (int i = 0; i < 3000 && !fs::exists(marker); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(fs::exists(marker)) << "no checkpoint of step 90 within 30 s";
+  kill(-run, SIGKILL);  // the whole process group: launcher and workers
+  waitpid(run, nullptr, 0);
+  EXPECT_FALSE(fs::exists(CheckpointPath(interrupted.path(), 200, 0))) << "the run finished first";
+
+  std::vector<std::string> again = Job(interrupted.path(), param);
+  again.push_back("--resume");
+  auto b = testing::RunCommand(again, {}, 300);
+  ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<float> expected = FinalParams(straight.path(), rank);
+    const std::vector<float> got = FinalParams(interrupted.path(), rank);
+    ASSERT_EQ(expected.size(), 235146u);  // 784*256+256 + 256*128+128 + 128*10+10
+    ASSERT_EQ(got.size(), expected.size());
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
+        << "width " << width << (param.compressed ? " q8+EF" : "") << " rank " << rank
+        << ": resumed weights differ";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Resume,
+                         ::testing::Values(ResumeCase{1, false}, ResumeCase{2, false},
+                                           ResumeCase{2, true}),
+                         [](const auto& param_info) {
+                           return fmt::format("width{}{}", param_info.param.width,
+                                              param_info.param.compressed ? "_q8_ef" : "");
+                         });
+
+TEST(ResumeErrors, NoCheckpointDirOrNoCheckpointIsAClearError) {
+  auto r = testing::RunCommand({kBinary, "run", "-np", "2", kConfig, "--resume"}, {}, 120);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--resume: checkpoint.dir is not set"), std::string::npos) << r.err;
+  TempDir empty;
+  r = testing::RunCommand({kBinary, "run", "-np", "2", kConfig, "--set",
+                           "checkpoint.dir=" + empty.path().string(), "--resume"},
+                          {}, 120);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("rank(s) 0, 1 have no valid checkpoint"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace pipesgd

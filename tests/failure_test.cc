@@ -1,0 +1,168 @@
+// Peer failure: one rank of four is killed with SIGKILL before the first collective, in the
+// middle of a large AllReduce, and during the width-2 overlap of a training step, at every rank
+// position. Every other rank must fail within the collective timeout plus 2 s with an error that
+// names the killed rank (its neighbours see the broken connection; the others get the abort
+// notice relayed around the ring), never hang, and never blame a healthy rank.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/base/error.h"
+#include "core/collective/ring_allreduce.h"
+#include "core/train/trainer.h"
+#include "tests/support/multiproc.h"
+#include "tests/support/ring.h"
+
+namespace pipesgd {
+namespace {
+
+using collective::ReduceOp;
+using testing::RankContext;
+using testing::RunRanks;
+
+constexpr double kTimeoutS = 10;
+
+enum class When { kBeforeFirstCollective, kMidAllReduce, kDuringOverlap };
+
+// Each rank's gradient is its rank; rank `victim` kills itself while computing step 5, when
+// step 4's AllReduce is in flight on the communication thread (width 2).
+class KillAtStep : public train::Objective {
+ public:
+  KillAtStep(int rank, int victim) : rank_(rank), victim_(victim) {}
+  size_t num_params() const override { return 1 << 18; }
+  float ComputeGradient(int64_t step, std::span<const float>, std::span<float> grads) override {
+    if (rank_ == victim_ && step == 5) raise(SIGKILL);
+    std::fill(grads.begin(), grads.end(), static_cast<float>(rank_));
+    return 1.0f;
+  }
+
+ private:
+  int rank_, victim_;
+};
+
+class NoOptimizer : public train::Optimizer {
+ public:
+  void Apply(std::span<float>, std::span<const float>) override {}
+};
+
+// Runs the scenario on one rank; returns "<seconds from the kill window to the error>|<error>".
+std::string RunScenario(const RankContext& ctx, When when, int victim) {
+  auto comm = testing::ConnectRing(ctx, 1 << 20);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    switch (when) {
+      case When::kBeforeFirstCollective: {
+        if (ctx.rank == victim) raise(SIGKILL);
+        std::vector<float> data(1 << 20, 1.0f);
+        comm->AllReduce(data, ReduceOp::kSum, Deadline::After(kTimeoutS));
+        break;
+      }
+      case When::kMidAllReduce: {
+        // 64 MiB: long enough on loopback that the kill lands inside it.
+        std::vector<float> data(1 << 24, 1.0f);
+        std::thread killer;
+        if (ctx.rank == victim) {
+          killer = std::thread([] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+            raise(SIGKILL);
+          });
+        }
+        for (int i = 0; i < 20; ++i) comm->AllReduce(data, ReduceOp::kSum, Deadline::After(kTimeoutS));
+        if (killer.joinable()) killer.join();
+        break;
+      }
+      case When::kDuringOverlap: {
+        KillAtStep objective(ctx.rank, victim);
+        NoOptimizer optimizer;
+        std::vector<float> params(objective.num_params(), 0.0f);
+        train::Trainer trainer(*comm, objective, optimizer, params, {2, kTimeoutS});
+        for (int step = 0; step < 50; ++step) trainer.Step();
+        trainer.Drain(true);
+        break;
+      }
+    }
+  } catch (const Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return fmt::format("{:.3f}|{}", s, e.what());
+  }
+  return "no error";
+}
+
+class PeerFailure : public ::testing::TestWithParam<std::tuple<When, int>> {};
+
+TEST_P(PeerFailure, EveryOtherRankFailsInTimeNamingTheKilledRank) {
+  const auto [when, victim] = GetParam();
+  auto results = RunRanks(4, [&](const RankContext& ctx) { return RunScenario(ctx, when, victim); },
+                          60);
+  EXPECT_EQ(results[victim].exit_code, 128 + SIGKILL) << results[victim].output;
+  // Ways an error can name the victim: a neighbour's broken connection, or the relayed notice.
+  const std::vector<std::string> names = {
+      fmt::format("from rank {} failed", victim), fmt::format("to rank {} failed", victim),
+      fmt::format("rank {} failed or is gone", victim),
+      fmt::format("rank {} closed the connection", victim)};
+  for (int r = 0; r < 4; ++r) {
+    if (r == victim) continue;
+    const std::string& out = results[r].output;
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    const size_t bar = out.find('|');
+    ASSERT_NE(bar, std::string::npos) << "rank " << r << " did not fail: " << out;
+    const double seconds = std::stod(out.substr(0, bar));
+    const std::string message = out.substr(bar + 1);
+    EXPECT_LT(seconds, kTimeoutS + 2) << "rank " << r << ": " << message;
+    bool named = false;
+    for (const auto& n : names) named |= message.find(n) != std::string::npos;
+    EXPECT_TRUE(named) << "rank " << r << " does not name rank " << victim << ": " << message;
+    std::printf("victim %d, rank %d after %.3f s: %s\n", victim, r, seconds, message.c_str());
+  }
+}
+
+std::string ScenarioName(const ::testing::TestParamInfo<std::tuple<When, int>>& param_info) {
+  static const char* const kWhen[] = {"before_first_collective", "mid_allreduce", "during_overlap"};
+  return fmt::format("{}_rank{}", kWhen[static_cast<int>(std::get<0>(param_info.param))],
+                     std::get<1>(param_info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPositions, PeerFailure,
+                         ::testing::Combine(::testing::Values(When::kBeforeFirstCollective,
+                                                              When::kMidAllReduce,
+                                                              When::kDuringOverlap),
+                                            ::testing::Range(0, 4)),
+                         ScenarioName);
+
+// A neighbour that stalls (alive, silent) fails the wait at the deadline, naming it; the stall
+// warning names it well before.
+TEST(PeerStall, SilentNeighbourFailsAtTheDeadlineByName) {
+  auto results = RunRanks(2, [](const RankContext& ctx) -> std::string {
+    auto comm = testing::ConnectRing(ctx, 1 << 20);
+    if (ctx.rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(6));
+      return "slept";
+    }
+    std::vector<float> data(1000, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm->AllReduce(data, ReduceOp::kSum, Deadline::After(2));
+    } catch (const Error& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return fmt::format("{:.1f}|{}", s, e.what());
+    }
+    return "no error";
+  }, 30);
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
+  const std::string& out = results[0].output;
+  const double seconds = std::stod(out.substr(0, out.find('|')));
+  EXPECT_GE(seconds, 2.0) << out;
+  EXPECT_LT(seconds, 3.0) << out;
+  EXPECT_NE(out.find("timed out waiting for a chunk header from rank 1 (left neighbour)"),
+            std::string::npos)
+      << out;
+}
+
+}  // namespace
+}  // namespace pipesgd

@@ -1,0 +1,275 @@
+// `pipesgd run` end to end on this machine: the ssh launcher through a stand-in ssh
+// (tests/support/fake_ssh.sh runs the remote command locally; the real sshd is the cluster
+// tier's), the job token, the per-network flags and per-rank output files.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "tests/support/subprocess.h"
+
+namespace pipesgd {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using testing::RunCommand;
+
+const std::string kBinary = PIPESGD_BINARY;
+const std::string kConfig = std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp.pbtxt";
+const std::string kFakeSsh = std::string(PIPESGD_SOURCE_DIR) + "/tests/support/fake_ssh.sh";
+// A short job: 1600 training samples, 1000 test samples, one epoch.
+const std::vector<std::string> kShort = {"--set", "data.train_limit=1600", "--set",
+                                         "data.test_limit=1000", "--set", "train.epochs=1"};
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "pipesgd_launcher_XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string path(const std::string& name = "") const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::vector<std::string> Args(std::vector<std::string> head, const std::vector<std::string>& tail) {
+  head.insert(head.end(), tail.begin(), tail.end());
+  return head;
+}
+
+std::string FinalAccuracy(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("final test accuracy: ([0-9.]+)"))) return "none";
+  return m[1];
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(OverSsh, ShipsTheConfigAndMatchesALocalRun) {
+  TempDir dir;
+  fs::copy_file(kConfig, dir.path("job.pbtxt"));
+  const auto local = RunCommand(Args({kBinary, "run", "-np", "4", dir.path("job.pbtxt")}, kShort));
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  const auto ssh = RunCommand(Args({kBinary, "run", "-H", "a:2,b:2", "--ssh-program", kFakeSsh,
+                                    dir.path("job.pbtxt")},
+                                   kShort));
+  ASSERT_EQ(ssh.exit_code, 0) << ssh.out << ssh.err;
+  EXPECT_EQ(FinalAccuracy(ssh.out), FinalAccuracy(local.out)) << ssh.out;
+  EXPECT_NE(FinalAccuracy(ssh.out), "none");
+  // Rank 0 read its shipped copy, not the original.
+  EXPECT_TRUE(std::regex_search(
+      ssh.out, std::regex("\\[rank 0\\] effective config \\(/tmp/pipesgd-rank0-[A-Za-z0-9]{6}/job\\.pbtxt\\)")))
+      << ssh.out;
+  EXPECT_NE(ssh.out.find("pipesgd run: starting 4 ranks over ssh (rank:host 0:a 1:a 2:b 3:b); "
+                         "rendezvous 127.0.0.1:"),
+            std::string::npos)
+      << ssh.out;
+  EXPECT_NE(ssh.out.find("[rank 3] rank 3 on b: transport tcp, interface lo, address 127.0.0.1\n"),
+            std::string::npos)
+      << ssh.out;
+  EXPECT_NE(ssh.out.find("pipesgd run: all 4 ranks finished"), std::string::npos) << ssh.out;
+  // The shipped copies are gone with their ranks.
+  for (const auto& entry : fs::directory_iterator(fs::temp_directory_path())) {
+    EXPECT_EQ(entry.path().filename().string().rfind("pipesgd-rank", 0) == 0 &&
+                  fs::exists(entry.path() / "job.pbtxt"),
+              false)
+        << entry.path();
+  }
+}
+
+TEST(OverSsh, VerboseShowsTheHostInThePrefix) {
+  const auto r = RunCommand(Args({kBinary, "run", "-H", "a,b", "--ssh-program", kFakeSsh, "-v",
+                                  kConfig},
+                                 kShort));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[rank 1 b] rank 1 on b: transport tcp"), std::string::npos) << r.out;
+}
+
+TEST(OverSsh, PreflightNamesEveryBadHostAndStartsNothing) {
+  const auto r = RunCommand(
+      {kBinary, "run", "-H", "a,bad1,bad2", "--ssh-program", kFakeSsh, kConfig});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("error: preflight failed on 2 of 3 host(s); nothing was started:\n"
+                       "  bad1: ssh failed: ssh: Could not resolve hostname bad1: Name or "
+                       "service not known\n"
+                       "  bad2: ssh failed: ssh: Could not resolve hostname bad2: Name or "
+                       "service not known\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("[rank"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("starting"), std::string::npos) << r.out;
+}
+
+TEST(OverSsh, MissingRemoteBinaryIsNamedOnEveryHost) {
+  const auto r = RunCommand({kBinary, "run", "-H", "a,b", "--ssh-program", kFakeSsh,
+                             "--remote-binary", "/nonexistent/pipesgd", kConfig});
+  EXPECT_EQ(r.exit_code, 1);
+  for (const char* host : {"a", "b"}) {
+    EXPECT_NE(r.err.find(std::string("  ") + host + ": no pipesgd binary at /nonexistent/pipesgd there ("),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_NE(r.err.find("install it at the same path, or pass --remote-binary PATH"),
+            std::string::npos);
+}
+
+TEST(OverSsh, MoreRanksThanSlotsIsAnErrorBeforeAnySsh) {
+  const auto r = RunCommand({kBinary, "run", "-np", "3", "-H", "a,b", "--ssh-program",
+                             "/nonexistent/ssh", kConfig});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err,
+            "error: -np 3 but the hosts have only 2 slot(s) in all (a:1, b:1); give more slots "
+            "(-H host:N, or slots=N in the hostfile) or a smaller -np\n");
+}
+
+TEST(OverSsh, HostfileLineErrorsAreNamed) {
+  TempDir dir;
+  std::ofstream(dir.path("hosts")) << "# lab\nlab0 slots=1\nlab1 slots=x\n";
+  const auto r = RunCommand({kBinary, "run", "--hostfile", dir.path("hosts"), kConfig});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + dir.path("hosts") + ":3: slots=x: expected an integer in [1, 4096]\n");
+}
+
+TEST(Run, SshOptionsWithoutHostsAreAUsageError) {
+  const auto r = RunCommand({kBinary, "run", "-np", "2", "--ssh-port", "22", kConfig});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "error: --ssh-port applies only to runs over ssh (-H or --hostfile)\n");
+  const auto none = RunCommand({kBinary, "run", kConfig});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_EQ(none.err,
+            "error: run: give -np N (local workers), or -H / --hostfile (ranks over ssh)\n");
+}
+
+TEST(Run, TransportFlagIsPassedToEveryRank) {
+  const auto bad = RunCommand({kBinary, "run", "-np", "2", "--transport", "carrier-pigeon", kConfig});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--set comm.transport=carrier-pigeon: expected one of TCP"),
+            std::string::npos)
+      << bad.err;
+  // Any case of a declared value.
+  const auto ok = RunCommand(Args({kBinary, "run", "-np", "2", "--transport", "tcp", kConfig}, kShort));
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+TEST(Run, NetworkInterfaceFlagChoosesTheInterfaceOfEveryRank) {
+  const auto r = RunCommand(Args({kBinary, "run", "-np", "2", "--network-interface", "=lo", kConfig},
+                                 kShort));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const std::string& rank : {std::string("0"), std::string("1")}) {
+    EXPECT_TRUE(std::regex_search(
+        r.out, std::regex("\\[rank " + rank + "\\] rank " + rank +
+                          " on [^:]+: transport tcp, interface lo, address 127\\.0\\.0\\.1 "
+                          "\\(comm\\.network_interface = =lo\\)\n")))
+        << r.out;
+  }
+}
+
+TEST(Run, NetworkInterfaceThatMatchesNothingIsNamedByEveryRank) {
+  const auto r = RunCommand(Args({kBinary, "run", "-np", "2", "--network-interface",
+                                  "=nosuchif0", kConfig},
+                                 kShort));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("comm.network_interface = '=nosuchif0' admits none of this host's "
+                       "interfaces (lo 127.0.0.1/8"),
+            std::string::npos)
+      << r.err;
+  const auto bad = RunCommand({kBinary, "run", "-np", "2", "--network-interface", "eth0,,ib", kConfig});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("error: --set comm.network_interface=eth0,,ib: comm.network_interface = "
+                         "'eth0,,ib': an empty entry"),
+            std::string::npos)
+      << bad.err;
+}
+
+TEST(Run, OutputDirKeepsEachRanksLines) {
+  TempDir dir;
+  const auto r = RunCommand(Args({kBinary, "run", "-np", "2", "--output-dir", dir.path("logs"),
+                                  kConfig},
+                                 kShort));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string out0 = ReadAll(dir.path("logs/rank.0/stdout"));
+  const std::string out1 = ReadAll(dir.path("logs/rank.1/stdout"));
+  EXPECT_NE(out0.find("final test accuracy: "), std::string::npos) << out0;
+  EXPECT_EQ(out0.find("[rank"), std::string::npos) << "files hold the lines as written";
+  EXPECT_NE(out1.find("rank 1 on "), std::string::npos) << out1;
+  EXPECT_EQ(out1.find("rank 0 on "), std::string::npos) << out1;
+  EXPECT_TRUE(fs::exists(dir.path("logs/rank.1/stderr")));
+}
+
+std::vector<pid_t> Children(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+std::string EnvOf(pid_t pid, const std::string& name) {
+  std::stringstream env(ReadAll("/proc/" + std::to_string(pid) + "/environ"));
+  std::string var;
+  while (std::getline(env, var, '\0')) {
+    if (var.rfind(name + "=", 0) == 0) return var.substr(name.size() + 1);
+  }
+  return "";
+}
+
+TEST(Run, LocalWorkersShareAJobTokenThatIsOnNoCommandLine) {
+  pid_t run = fork();
+  if (run == 0) {
+    freopen("/dev/null", "w", stdout);
+    freopen("/dev/null", "w", stderr);
+    execl(kBinary.c_str(), kBinary.c_str(), "run", "-np", "2", kConfig.c_str(), "--set",
+          "train.epochs=100", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 300 && workers.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    workers = Children(run);
+  }
+  ASSERT_EQ(workers.size(), 2u);
+  std::string token;
+  for (int i = 0; i < 100 && token.empty(); ++i) {  // until the workers have exec'd
+    token = EnvOf(workers[0], "PIPESGD_JOB_TOKEN");
+    if (token.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(std::regex_match(token, std::regex("[0-9a-f]{32}"))) << token;
+  EXPECT_EQ(EnvOf(workers[1], "PIPESGD_JOB_TOKEN"), token);
+  for (pid_t p : {run, workers[0], workers[1]}) {
+    EXPECT_EQ(ReadAll("/proc/" + std::to_string(p) + "/cmdline").find(token), std::string::npos);
+  }
+  kill(run, SIGTERM);
+  int status = 0;
+  waitpid(run, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+}
+
+}  // namespace
+}  // namespace pipesgd
