@@ -47,23 +47,8 @@ plot "$1" using 1:3 with linespoints lw 2 pt 7 title "pipesgd", \\
 GP
 }
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; scripts/lab down >/dev/null 2>&1 || true; }
-trap cleanup EXIT
-scripts/lab up 4
-scripts/lab shape "$RATE"
-master=$(scripts/lab addr 0)
-tmp=$(mktemp -d)
-
-# Link goodput, one TCP flow, measured inside the lab (never from the root namespace).
-scripts/lab exec 0 iperf3 -s -1 -B "$master" > /dev/null 2>&1 &
-pids+=($!)
-sleep 0.5
-scripts/lab exec 1 iperf3 -c "$master" -t 10 -J > "$tmp/iperf.json"
-wait "${pids[@]}" 2>/dev/null || true
-pids=()
-goodput_gbps=$(python3 -c "import json; print(f\"{json.load(open('$tmp/iperf.json'))['end']['sum_received']['bits_per_second']/1e9:.4f}\")")
-echo "iperf3 goodput: $goodput_gbps Gbit/s"
+# Lab up and shaped, torn down on exit; master, tmp and goodput_gbps set.
+source bench/lab_common.sh
 
 run_ranks() {  # run_ranks NAME CMD...: one rank per node, rank i on node i
   local name="$1"; shift

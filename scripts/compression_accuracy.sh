@@ -23,13 +23,13 @@ out, label = sys.argv[1:3]
 s = json.load(open(f"{out}/summary.json"))
 last = [json.loads(l) for l in open(f"{out}/metrics.jsonl")][-1]
 print(f"| {label} | {s['final_test_accuracy']:.4f} | {last['wire_bytes_per_step'] / 1e6:.3f} | "
-      f"{last['compression_ratio']:.2f} | {last['samples_per_s']:.0f} | {s['saturated_elements']} |")
+      f"{last['compression_ratio']:.2f} | {s['saturated_elements']} |")
 PY
 }
 
 EXTRA=("$@")
-echo "| setting | final test accuracy | MB sent per rank per step | compression ratio | samples/s (last epoch) | saturated elements |"
-echo "|---|---:|---:|---:|---:|---:|"
+echo "| setting | final test accuracy | MB sent per rank per step | compression ratio | saturated elements |"
+echo "|---|---:|---:|---:|---:|"
 run "none" comm.compression=none
 run "trunc16" comm.compression=trunc16
 run "trunc16, round to nearest even" comm.compression=trunc16 comm.round_to_nearest_even=true

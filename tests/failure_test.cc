@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
@@ -18,6 +19,13 @@
 #include "core/train/trainer.h"
 #include "tests/support/multiproc.h"
 #include "tests/support/ring.h"
+#include "transport/rendezvous.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport/wire.pb.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 namespace pipesgd {
 namespace {
@@ -162,6 +170,71 @@ TEST(PeerStall, SilentNeighbourFailsAtTheDeadlineByName) {
   EXPECT_NE(out.find("timed out waiting for a chunk header from rank 1 (left neighbour)"),
             std::string::npos)
       << out;
+}
+
+// Strangers on a data port while the ring connects: random bytes, a truncated frame header, a
+// frame whose body is not a ConnectionHello, and a hello with an impossible rank. Each is
+// dropped (and logged by the accepting rank); the ring connects and reduces exactly.
+void SendAndClose(const std::string& address, const std::string& bytes) {
+  wire::TcpAddress a;
+  if (!a.ParseFromString(address)) return;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(a.port()));
+  inet_pton(AF_INET, a.host().c_str(), &sa.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+    (void)!write(fd, bytes.data(), bytes.size());
+  }
+  close(fd);
+}
+
+std::string Frame(const std::string& body) {
+  std::string f(8, '\0');
+  const uint32_t magic = 0x4d475350, length = static_cast<uint32_t>(body.size());
+  std::memcpy(f.data(), &magic, 4);
+  std::memcpy(f.data() + 4, &length, 4);
+  return f + body;
+}
+
+TEST(Strangers, GarbageOnADataPortIsDroppedAndTheRingWorks) {
+  auto results = RunRanks(3, [](const RankContext& ctx) -> std::string {
+    transport::tcp::TcpOptions tcp;
+    tcp.rank = ctx.rank;
+    tcp.world_size = ctx.world_size;
+    tcp.bind_host = "127.0.0.1";
+    auto transport = transport::tcp::CreateTcpTransport(tcp);
+    transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size,
+                                     "test", ""};
+    auto addresses =
+        transport::RendezvousAllGather(rdv, transport->LocalAddress(), Deadline::After(30));
+    if (ctx.rank == 0) {
+      // Rank 2 accepts its ring connections (from ranks 0 and 1) while these arrive.
+      wire::ConnectionHello impostor;
+      impostor.set_protocol_version(1);
+      impostor.set_rank(7);
+      impostor.set_world_size(3);
+      for (const std::string& bytes :
+           {std::string("GET / HTTP/1.0\r\n\r\n") + std::string(200, '\x5a'), std::string("PSG"),
+            Frame("not a protobuf \xff\xff\xff"), Frame(impostor.SerializeAsString())}) {
+        SendAndClose(addresses[2], bytes);
+      }
+    }
+    auto comm = collective::Communicator::Create(std::move(transport), ctx.world_size, addresses,
+                                                 {}, Deadline::After(30));
+    std::vector<float> data(100003);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(ctx.rank * 1000 + i % 977);
+    comm->AllReduce(data, ReduceOp::kSum, Deadline::After(30));
+    for (size_t i = 0; i < data.size(); ++i) {
+      const float expected = static_cast<float>(3000 + 3 * (i % 977));
+      if (data[i] != expected) return fmt::format("element {}: {} != {}", i, data[i], expected);
+    }
+    return "exact";
+  }, 60);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    EXPECT_EQ(results[r].output, "exact") << "rank " << r;
+  }
 }
 
 }  // namespace

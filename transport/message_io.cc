@@ -14,7 +14,7 @@ std::exception_ptr SocketError(const std::string& peer, const char* verb,
                                const boost::system::error_code& ec) {
   if (ec == asio::error::eof) {
     return std::make_exception_ptr(
-        Error(ErrorCode::kUnavailable, fmt::format("{} closed the connection while we {}", peer, verb)));
+        Error(ErrorCode::kUnavailable, fmt::format("{} closed the connection while we were {}", peer, verb)));
   }
   return std::make_exception_ptr(Error(
       ErrorCode::kUnavailable, fmt::format("{} failed with {}: {}", verb, peer, ec.message())));

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <regex>
 #include <vector>
 
 #include "core/base/error.h"
@@ -70,11 +69,17 @@ std::vector<std::pair<int64_t, fs::path>> ListCheckpoints(const fs::path& dir, i
   std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return found;
-  const std::regex name("ckpt-([0-9]{12})\\.rank" + std::to_string(rank));
+  // ckpt-<12 digits>.rank<rank>, exactly.
+  const std::string suffix = ".rank" + std::to_string(rank);
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
     const std::string file = entry.path().filename().string();
-    if (std::regex_match(file, m, name)) found.emplace_back(std::stoll(m[1].str()), entry.path());
+    if (file.size() != 5 + 12 + suffix.size() || file.compare(0, 5, "ckpt-") != 0 ||
+        file.compare(17, std::string::npos, suffix) != 0) {
+      continue;
+    }
+    const std::string digits = file.substr(5, 12);
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    found.emplace_back(std::stoll(digits), entry.path());
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return found;
