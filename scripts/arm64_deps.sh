@@ -8,7 +8,7 @@ SUDO=""
 [[ $(id -u) -ne 0 ]] && SUDO="sudo"
 
 PACKAGES=(
-  g++-aarch64-linux-gnu qemu-user
+  g++-aarch64-linux-gnu qemu-user file
   # host tools used by the cross build
   protobuf-compiler cmake ninja-build pkg-config
   # arm64 libraries of the minimal build (TCP + CPU; no UCX, verbs, CUDA)
