@@ -1,5 +1,5 @@
 # `cmake --install build --prefix P` installs:
-#   P/include/pipesgd/pipesgd.h                 the embedding API (docs/embedding.md)
+#   P/include/pipesgd/pipesgd.h                 the embedding API (README, "Use it as a library")
 #   P/include/pipesgd/{core,transport,layers}/  the headers it and the libraries use
 #   P/lib/libpipesgd_*.a                        static libraries, one per folder
 #   P/lib/cmake/pipesgd/                        find_package(pipesgd): pipesgd::pipesgd,
