@@ -263,6 +263,13 @@ TEST(BadInput, HugeModelIsRefusedBeforeAllocating) {
               {"parameters", "GiB", "more than this machine's"});
 }
 
+TEST(BadInput, ImagesOfAnotherShapeThanTheModelInput) {
+  ExpectError(Worker({"model.input_height=32"}),
+              {"model.input_channels x input_height x input_width = 1x32x28", "expected 1x28x28",
+               "train-images-idx3-ubyte.gz"});
+  ExpectError(Worker({"model.input_channels=3"}), {"= 3x28x28", "one channel"});
+}
+
 TEST(BadInput, OutputDirectoryInUseByAnotherJob) {
   TempDir dir;
   fs::create_directories(dir.path("out"));
