@@ -1,0 +1,21 @@
+// The model of a job config as layers::Layer objects, shared by the worker and the training
+// benchmark (bench/train_throughput.cc).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "configs/pipesgd.pb.h"
+#include "layers/layer.h"
+
+namespace pipesgd::launcher {
+
+// model.input_channels x input_height x input_width.
+layers::Shape InputShape(const config::Model& spec);
+
+// The layers of the config in order, each built for the shape its predecessor outputs (no
+// activation memory yet; layers::Model allocates that). The config loader has checked that the
+// shapes chain; the layer factories check again and throw Error(kInvalidArgument).
+std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spec);
+
+}  // namespace pipesgd::launcher
