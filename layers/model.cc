@@ -129,10 +129,16 @@ void Model::Init(std::span<float> params, uint64_t seed) const {
 
 float Model::ForwardBackward(std::span<const float> params, const float* x,
                              const uint8_t* labels, size_t batch, std::span<float> grads) {
+  const float loss = Forward(params, x, labels, batch);
+  Backward(params, x, batch, grads);
+  return loss;
+}
+
+float Model::Forward(std::span<const float> params, const float* x, const uint8_t* labels,
+                     size_t batch) {
   PSGD_CHECK_GE(batch, size_t{1});
   PSGD_CHECK_LE(batch, max_batch_);
   PSGD_CHECK_EQ(params.size(), num_params_);
-  PSGD_CHECK_EQ(grads.size(), num_params_);
   const size_t n = layers_.size();
 
   // Forward: acts_[i + 1] (B, out_i) = layer_i(input_i (B, in_i)).
@@ -143,9 +149,14 @@ float Model::ForwardBackward(std::span<const float> params, const float* x,
   }
 
   // Loss on the logits (B, C); its gradient seeds the backward pass.
-  const float loss = SoftmaxCrossEntropy(acts_[n].data(), labels, batch, num_classes(),
-                                         grads_acts_[n].data());
+  return SoftmaxCrossEntropy(acts_[n].data(), labels, batch, num_classes(),
+                             grads_acts_[n].data());
+}
 
+void Model::Backward(std::span<const float> params, const float* x, size_t batch,
+                     std::span<float> grads) {
+  PSGD_CHECK_EQ(grads.size(), num_params_);
+  const size_t n = layers_.size();
   // Backward, last layer first. Each layer overwrites its own slice of grads, so the caller's
   // buffer needs no zeroing; layer 0 skips dx since nobody uses the gradient of the data.
   for (size_t i = n; i-- > 0;) {
@@ -155,7 +166,6 @@ float Model::ForwardBackward(std::span<const float> params, const float* x,
                          acts_[i + 1].data(), grads_acts_[i + 1].data(),
                          grads.subspan(param_offsets_[i], layers_[i]->num_params()), dx, batch);
   }
-  return loss;
 }
 
 EvalResult Model::Evaluate(std::span<const float> params, const float* x, const uint8_t* labels,

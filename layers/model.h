@@ -46,6 +46,13 @@ class Model {
   // that mean loss. REQUIRES: 1 <= batch <= max_batch, labels in range.
   float ForwardBackward(std::span<const float> params, const float* x, const uint8_t* labels,
                         size_t batch, std::span<float> grads);
+  // The same in two halves, for callers that time them separately (the timeline):
+  // Forward stores the activations and the loss gradient and returns the mean loss; Backward
+  // (REQUIRES: right after Forward with the same params, x and batch) writes grads.
+  float Forward(std::span<const float> params, const float* x, const uint8_t* labels,
+                size_t batch);
+  void Backward(std::span<const float> params, const float* x, size_t batch,
+                std::span<float> grads);
 
   // Forward only; accumulates loss and accuracy over the batch. REQUIRES as above.
   EvalResult Evaluate(std::span<const float> params, const float* x, const uint8_t* labels,

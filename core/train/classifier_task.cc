@@ -29,7 +29,14 @@ float ClassifierTask::ComputeGradient(int64_t step, std::span<const float> param
   const size_t index = static_cast<size_t>(step % static_cast<int64_t>(per_epoch));
   auto batch = sampler_.Batch(epoch, index);
   data::GatherBatch(train_, batch, x_.data(), labels_.data(), scaling_);
-  return model_.ForwardBackward(params, x_.data(), labels_.data(), batch.size(), grads);
+  float loss;
+  {
+    timeline::Span span(timeline_, timeline::kCompute, "forward");
+    loss = model_.Forward(params, x_.data(), labels_.data(), batch.size());
+  }
+  timeline::Span span(timeline_, timeline::kCompute, "backward");
+  model_.Backward(params, x_.data(), batch.size(), grads);
+  return loss;
 }
 
 layers::EvalResult ClassifierTask::EvaluateShard(std::span<const float> params,
