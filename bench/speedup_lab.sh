@@ -119,6 +119,18 @@ run_rate() {
 }
 
 report() {
+  # The model from each rate's probe, with the per-byte CPU rates as the median over ranks
+  # (what pipesgd probe writes since this experiment; the first runs wrote the slowest rank's).
+  for d in "$RESULTS"/*/; do
+    [[ -f "$d/probe.json" ]] || continue
+    local rho ovh
+    rho=$(python3 -c "import json,statistics as s; p=json.load(open('$d/probe.json'))['per_rank']; print(s.median_high([r['reduce_s_per_byte'] for r in p]))")
+    ovh=$(python3 -c "import json,statistics as s; p=json.load(open('$d/probe.json'))['per_rank']; print(s.median_high([r['chunk_overhead_s'] for r in p]))")
+    "$BIN" model --probe "$d/probe.json" --reduce-s-per-byte "$rho" --chunk-overhead-s "$ovh" \
+      --chunk-bytes 1048576 --json "$d/model.json" > "$d/model.txt"
+    "$BIN" model --probe "$d/probe.json" --reduce-s-per-byte "$rho" --chunk-overhead-s "$ovh" \
+      --json "$d/model_best.json" > "$d/model_best.txt"
+  done
   python3 bench/speedup_report.py "$RESULTS" "$TARGET" docs/results/speedup_lab
 }
 
