@@ -143,6 +143,10 @@ md += ["## Set-up", "",
        "Command (each rate is one piece of a few minutes under `flock -x /tmp/pipesgd-cpu.lock`):", "",
        "```", "bench/speedup_lab.sh run 100mbit; bench/speedup_lab.sh run 1gbit; bench/speedup_lab.sh run none",
        "bench/speedup_lab.sh report", "```", ""]
+missing = [r for r in ["100mbit", "1gbit", "none"] if r not in RATES]
+if missing:
+    md += [f"Not run in this session: {', '.join(missing)} (the shared machine's exclusive CPU lock was not "
+           "free in time); `bench/speedup_lab.sh run RATE` then `report` adds it.", ""]
 
 for rate in RATES:
     D = data[rate]
