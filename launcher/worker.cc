@@ -25,6 +25,7 @@
 #include "core/data/dataset.h"
 #include "core/train/checkpoint.h"
 #include "core/train/classifier_task.h"
+#include "core/base/timeline.h"
 #include "core/train/trainer.h"
 #include "launcher/config.h"
 #include "launcher/model_builder.h"
@@ -198,10 +199,13 @@ transport::TransportKind ResolveTransport(const config::Comm& comm, int rank) {
   Throw(ErrorCode::kInvalidArgument, "comm.transport = {}: unknown", static_cast<int>(comm.transport()));
 }
 
-std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
-                                                      const collective::CommunicatorOptions& options,
-                                                      const config::Comm& comm, Deadline deadline,
-                                                      const std::string& timeout_setting) {
+namespace {
+
+// The transport of comm.transport on the chosen interface, created for `peers`, and every
+// rank's address from the rendezvous (see ConnectRing).
+std::pair<std::unique_ptr<transport::Transport>, std::vector<std::string>> CreateAndMeet(
+    const JobEnv& env, const std::string& job, const std::vector<int>& peers, int streams,
+    const config::Comm& comm, Deadline deadline, const std::string& timeout_setting) {
   transport::TransportOptions topt;
   topt.kind = ResolveTransport(comm, env.rank);
   topt.rank = env.rank;
@@ -252,8 +256,8 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
                     ? ""
                     : fmt::format(", interface {}, address {}", iface_name, iface_address),
                 source.empty() ? "" : fmt::format(" ({} = {})", source, filter->ToString()));
-  topt.peers = collective::Communicator::RingPeers(env.rank, env.world_size);
-  topt.streams = options.streams;
+  topt.peers = peers;
+  topt.streams = streams;
   topt.ib_device = comm.ib_device();
   topt.ib_port = comm.ib_port();
   topt.gid_index = comm.gid_index();
@@ -265,12 +269,46 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
                                    env.job_token};
   try {
     auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
+    return {std::move(transport), std::move(addresses)};
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+    throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
+                                                      const collective::CommunicatorOptions& options,
+                                                      const config::Comm& comm, Deadline deadline,
+                                                      const std::string& timeout_setting) {
+  auto [transport, addresses] =
+      CreateAndMeet(env, job, collective::Communicator::RingPeers(env.rank, env.world_size),
+                    options.streams, comm, deadline, timeout_setting);
+  try {
     return collective::Communicator::Create(std::move(transport), env.world_size, addresses,
                                             options, deadline);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
     throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
   }
+}
+
+PeerLinks ConnectPeers(const JobEnv& env, const std::string& job, const std::vector<int>& peers,
+                       const config::Comm& comm, Deadline deadline,
+                       const std::string& timeout_setting) {
+  PeerLinks links;
+  auto [transport, addresses] = CreateAndMeet(env, job, peers, 1, comm, deadline, timeout_setting);
+  std::vector<std::pair<int, std::string>> targets;
+  for (int p : peers) targets.emplace_back(p, addresses.at(p));
+  try {
+    links.connections = transport->Connect(targets, deadline, 1);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+    throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
+  }
+  links.transport = std::move(transport);
+  return links;
 }
 
 JobEnv ReadJobEnv() {
@@ -369,6 +407,11 @@ void RunWorker(const WorkerArgs& args) {
   const auto& train_cfg = job.train();
   const auto& comm_cfg = job.comm();
   const int width = train_cfg.pipeline_width();
+  if (train_cfg.mode() != config::RING) {
+    // The baselines (issue 6) and other schemes live in their own files.
+    RunPsWorker(args, env, job);
+    return;
+  }
   if (lead) {
     PSGD_LOG_INFO("pipesgd worker: world size {}, pipeline width {} ({}), comm.transport {}",
                   env.world_size, width, width == 1 ? "synchronous SGD" : "Pipe-SGD",
@@ -482,8 +525,16 @@ void RunWorker(const WorkerArgs& args) {
     comm->RestoreResidual({resumed->residual().data(), static_cast<size_t>(resumed->residual_size())});
     comm->RestoreSequence(resumed->collective_sequence());
   }
+  std::unique_ptr<timeline::Recorder> recorder;  // outlives the trainer, which records on it
+  if (!args.timeline.empty()) {
+    recorder = std::make_unique<timeline::Recorder>(env.rank, args.timeline_first_step,
+                                                    args.timeline_steps);
+    comm->set_timeline(recorder.get());
+    task.set_timeline(recorder.get());
+  }
   train::Trainer trainer(*comm, task, sgd, params,
                          {width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
+  trainer.set_timeline(recorder.get());
   if (resumed) {
     train::TrainerSnapshot snapshot;
     snapshot.steps = resumed->steps();
@@ -658,6 +709,14 @@ void RunWorker(const WorkerArgs& args) {
     throw;
   }
 
+  if (recorder) {
+    const std::string file = timeline::RankFile(args.timeline, env.rank, env.world_size);
+    recorder->WriteFile(file);
+    PSGD_LOG_INFO("rank {}: timeline of steps [{}, {}): {} spans written to {}{}", env.rank,
+                  args.timeline_first_step, args.timeline_first_step + args.timeline_steps,
+                  recorder->size(), file,
+                  recorder->dropped() ? fmt::format(" ({} dropped: buffer full)", recorder->dropped()) : "");
+  }
   const double wall_s = Seconds(start);
   if (lead) {
     PSGD_LOG_INFO("final test accuracy: {:.4f} ({} steps, {:.1f} s)", final_accuracy,

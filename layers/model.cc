@@ -168,17 +168,27 @@ void Model::ForwardAll(std::span<const float> params, const float* x, size_t bat
 float Model::ForwardBackward(std::span<const float> params, const float* x,
                              const uint8_t* labels, size_t batch, std::span<float> grads,
                              const BatchKey& key) {
-  PSGD_CHECK_EQ(grads.size(), num_params_);
+  const float loss = Forward(params, x, labels, batch, key);
+  Backward(params, x, batch, grads, key);
+  return loss;
+}
+
+float Model::Forward(std::span<const float> params, const float* x, const uint8_t* labels,
+                     size_t batch, const BatchKey& key) {
   ForwardAll(params, x, batch, /*training=*/true, key);
   const size_t n = layers_.size();
-
   // Loss on the logits (B, C); its gradient seeds the backward pass.
-  const float loss = SoftmaxCrossEntropy(acts_[n].data(), labels, batch, num_classes(),
-                                         grads_acts_[n].data());
+  return SoftmaxCrossEntropy(acts_[n].data(), labels, batch, num_classes(),
+                             grads_acts_[n].data());
+}
 
-  // Backward, last layer first, each with the Pass of its forward call. Each layer overwrites
-  // its own slice of grads, so the caller's buffer needs no zeroing; layer 0 skips dx since
-  // nobody uses the gradient of the data.
+void Model::Backward(std::span<const float> params, const float* x, size_t batch,
+                     std::span<float> grads, const BatchKey& key) {
+  PSGD_CHECK_EQ(grads.size(), num_params_);
+  const size_t n = layers_.size();
+  // Last layer first, each with the Pass of its forward call. Each layer overwrites its own
+  // slice of grads, so the caller's buffer needs no zeroing; layer 0 skips dx since nobody uses
+  // the gradient of the data.
   for (size_t i = n; i-- > 0;) {
     const float* in = i == 0 ? x : acts_[i].data();
     float* dx = i == 0 ? nullptr : grads_acts_[i].data();
@@ -187,7 +197,6 @@ float Model::ForwardBackward(std::span<const float> params, const float* x,
                          grads.subspan(param_offsets_[i], layers_[i]->num_params()), dx,
                          LayerPass(i, batch, /*training=*/true, key));
   }
-  return loss;
 }
 
 EvalResult Model::Evaluate(std::span<const float> params, const float* x, const uint8_t* labels,

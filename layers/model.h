@@ -59,6 +59,13 @@ class Model {
   // REQUIRES: 1 <= batch <= max_batch, labels in range.
   float ForwardBackward(std::span<const float> params, const float* x, const uint8_t* labels,
                         size_t batch, std::span<float> grads, const BatchKey& key = {});
+  // The same in two halves, for callers that time them separately (the timeline): Forward
+  // stores the activations and the loss gradient and returns the mean loss; Backward
+  // (REQUIRES: right after Forward with the same params, x, batch and key) writes grads.
+  float Forward(std::span<const float> params, const float* x, const uint8_t* labels,
+                size_t batch, const BatchKey& key = {});
+  void Backward(std::span<const float> params, const float* x, size_t batch,
+                std::span<float> grads, const BatchKey& key = {});
 
   // Forward only, in evaluation mode (Dropout is the identity); accumulates loss and accuracy
   // over the batch. REQUIRES as above.

@@ -591,7 +591,7 @@ TEST_F(ConfigTest, OverrideWithUnknownFieldListsTheFields) {
   EXPECT_STREQ(LoadError(kShipped, {"train.pipeline_widht=1"}).what(),
                "--set train.pipeline_widht=1: no field 'pipeline_widht' in pipesgd.config.Train "
                "(fields: batch_size, learning_rate, momentum, weight_decay, epochs, seed, "
-               "pipeline_width, max_steps, progress_per_epoch)");
+               "pipeline_width, max_steps, progress_per_epoch, mode)");
   EXPECT_STREQ(LoadError(kShipped, {"trian.epochs=1"}).what(),
                "--set trian.epochs=1: no field 'trian' in pipesgd.config.Job "
                "(fields: model, data, train, comm, checkpoint)");

@@ -422,6 +422,7 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
     const float* values = data.data() + range.offset;
     stats_.raw_payload_bytes += range.count * sizeof(float);
     if (!coded(range)) {
+      timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(index));
       PostChunk(send_slots_[index], seq, op, data.size(), index, CodecKind::kNone, values,
                 range.count * sizeof(float));
       return std::span<const std::byte>();
@@ -429,6 +430,7 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
     std::span<std::byte> bytes(send_arena_.data() + send_arena_used, wire_bytes(range));
     send_arena_used += bytes.size();
     try {
+      timeline::Span span(timeline_, timeline::kComm, "encode", static_cast<int64_t>(index));
       // Distinct noise per (collective, rank, chunk) for stochastic rounding.
       const uint64_t stream = (seq * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(r) << 48) ^ index;
       stats_.saturated += codec_->Encode({values, range.count}, bytes, stream).saturated;
@@ -436,7 +438,10 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
       throw error.Wrap(fmt::format("rank {}: compressing elements [{}, {}) of collective #{}", r,
                                    range.offset, range.offset + range.count, seq));
     }
-    PostChunk(send_slots_[index], seq, op, data.size(), index, kind, bytes.data(), bytes.size());
+    {
+      timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(index));
+      PostChunk(send_slots_[index], seq, op, data.size(), index, kind, bytes.data(), bytes.size());
+    }
     return std::span<const std::byte>(bytes);
   };
   const int left_rank = left_[0]->peer_rank();
@@ -470,6 +475,7 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
       const Range range = plan.Chunk(b, c);
       const bool encoded = coded(range);
       const uint64_t bytes = wire_bytes(range);
+      timeline::Span wait_span(timeline_, timeline::kComm, "wait", static_cast<int64_t>(index));
       wait(header_ops[index % 2], wait_header_.c_str());
       ThrowIfAbortNotice(headers[index % 2], index % left_.size(), seq);
       CheckHeader(headers[index % 2], seq, op, data.size(), index,
@@ -496,18 +502,22 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
         left_[(index + 1) % streams]->PostRecv(header_ops[(index + 1) % 2]);
       }
       wait(payload_op, wait_payload_.c_str());
+      wait_span.End();
       const std::span<const std::byte> received(static_cast<const std::byte*>(target), bytes);
 
       if (reduce_scatter) {
-        if (encoded) {
-          codec_->DecodeAdd(received, {values, range.count});
-        } else {
-          const float* src = scratch_.data();
-          for (uint64_t i = 0; i < range.count; ++i) values[i] += src[i];
-        }
-        if (k == n - 2 && op == ReduceOp::kAverage) {
-          const float divisor = static_cast<float>(n);
-          for (uint64_t i = 0; i < range.count; ++i) values[i] /= divisor;
+        {
+          timeline::Span span(timeline_, timeline::kComm, "reduce", static_cast<int64_t>(index));
+          if (encoded) {
+            codec_->DecodeAdd(received, {values, range.count});
+          } else {
+            const float* src = scratch_.data();
+            for (uint64_t i = 0; i < range.count; ++i) values[i] += src[i];
+          }
+          if (k == n - 2 && op == ReduceOp::kAverage) {
+            const float divisor = static_cast<float>(n);
+            for (uint64_t i = 0; i < range.count; ++i) values[i] /= divisor;
+          }
         }
         if (k + 1 < steps) {
           std::span<const std::byte> sent = post_send(send_base[k + 1] + c, range);
@@ -515,12 +525,16 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
           if (k == n - 2 && encoded) codec_->Decode(sent, {values, range.count});
         }
       } else {
-        if (encoded) codec_->Decode(received, {values, range.count});
+        if (encoded) {
+          timeline::Span span(timeline_, timeline::kComm, "decode", static_cast<int64_t>(index));
+          codec_->Decode(received, {values, range.count});
+        }
         if (k + 1 < steps) {
           const uint64_t next = send_base[k + 1] + c;
           if (encoded) {
             // Forward the owner's bytes as they are: no re-encoding, no drift.
             stats_.raw_payload_bytes += range.count * sizeof(float);
+            timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(next));
             PostChunk(send_slots_[next], seq, op, data.size(), next, kind, received.data(),
                       received.size());
           } else {
@@ -530,6 +544,7 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
       }
     }
   }
+  timeline::Span span(timeline_, timeline::kComm, "wait_sends");
   for (uint64_t i = 0; i < total_sends; ++i) {
     wait(send_slots_[i].op, wait_send_.c_str());
   }

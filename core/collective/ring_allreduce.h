@@ -27,6 +27,7 @@
 
 #include "core/base/deadline.h"
 #include "core/base/error.h"
+#include "core/base/timeline.h"
 #include "core/collective/codec.h"
 #include "transport/transport.h"
 
@@ -217,6 +218,10 @@ class Communicator {
     residual_.assign(residual.begin(), residual.end());
   }
   void RestoreSequence(uint64_t seq) { seq_ = seq; }
+  // Records per-chunk spans (encode, send, wait, reduce, decode) on the communication thread's
+  // track while `recorder` says its step is in the window; null (the default): none, and no
+  // cost beyond a pointer test. The recorder must outlive the calls.
+  void set_timeline(timeline::Recorder* recorder) { timeline_ = recorder; }
 
  private:
   Communicator() = default;
@@ -286,6 +291,7 @@ class Communicator {
   int failure_origin_ = -1;
   std::string failure_report_;
   bool failed_ = false;
+  timeline::Recorder* timeline_ = nullptr;
 };
 
 }  // namespace pipesgd::collective

@@ -34,7 +34,14 @@ float ClassifierTask::ComputeGradient(int64_t step, std::span<const float> param
   const layers::BatchKey key{.seed = seed_,
                              .step = static_cast<uint64_t>(step),
                              .first_row = static_cast<uint64_t>(rank_) * batch_size_};
-  return model_.ForwardBackward(params, x_.data(), labels_.data(), batch.size(), grads, key);
+  float loss;
+  {
+    timeline::Span span(timeline_, timeline::kCompute, "forward");
+    loss = model_.Forward(params, x_.data(), labels_.data(), batch.size(), key);
+  }
+  timeline::Span span(timeline_, timeline::kCompute, "backward");
+  model_.Backward(params, x_.data(), batch.size(), grads, key);
+  return loss;
 }
 
 layers::EvalResult ClassifierTask::EvaluateShard(std::span<const float> params,

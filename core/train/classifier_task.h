@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/data/dataset.h"
+#include "core/base/timeline.h"
 #include "core/train/trainer.h"
 #include "layers/model.h"
 #include "layers/sgd.h"
@@ -32,7 +33,11 @@ class ClassifierTask : public Objective {
   layers::EvalResult EvaluateShard(std::span<const float> params, const data::Dataset& test,
                                    int rank, int world_size);
 
+  // Forward and backward spans on the compute track (null: none). Must outlive the task.
+  void set_timeline(timeline::Recorder* recorder) { timeline_ = recorder; }
+
  private:
+  timeline::Recorder* timeline_ = nullptr;
   layers::Model& model_;
   const data::Dataset& train_;
   size_t batch_size_;
