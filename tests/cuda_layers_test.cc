@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/base/error.h"
+#include "layers/cuda/cublas_loader.h"
 #include "layers/cuda/cuda_model.h"
 #include "layers/cuda/device.h"
 #include "layers/layer.h"
@@ -214,6 +215,16 @@ TEST(CudaDevice, NoDeviceIsReportedNotCrashed) {
     EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
     EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
   }
+}
+
+// Runs everywhere (no GPU needed): cuBLAS is opened at run time, not linked, and every symbol the
+// layers call resolves in the toolkit's library; its status strings work without a device.
+TEST(CublasLoader, OpensTheToolkitsCublas) {
+  const cuda::CublasApi& api = cuda::Cublas();
+  ASSERT_NE(api.sgemm, nullptr);
+  ASSERT_NE(api.sgemm_strided_batched, nullptr);
+  EXPECT_STREQ(api.status_name(CUBLAS_STATUS_NOT_INITIALIZED), "CUBLAS_STATUS_NOT_INITIALIZED");
+  EXPECT_EQ(&cuda::Cublas(), &api);  // loaded once
 }
 
 }  // namespace

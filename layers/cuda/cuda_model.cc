@@ -13,6 +13,7 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
+#include "layers/cuda/cublas_loader.h"
 #include "layers/cuda/kernels.h"
 
 namespace pipesgd::cuda {
@@ -42,7 +43,7 @@ class CudaLinear final : public CudaLayer {
     const float one = 1.0f, zero = 0.0f;
     // Row-major y (B, out) = x (B, in) W^T  <=>  column-major y^T (out, B) = W (out, in) x^T,
     // where the column-major view of W's bytes is W^T (in, out), hence op T.
-    PSGD_CUBLAS(cublasSgemm(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, Int(out_), Int(batch),
+    PSGD_CUBLAS(Cublas().sgemm(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, Int(out_), Int(batch),
                             Int(in_), &one, w, Int(in_), x, Int(in_), &zero, y, Int(out_)));
     PSGD_CUDA(kernels::AddBias(y, b, batch, out_, ctx.stream()));
   }
@@ -56,12 +57,12 @@ class CudaLinear final : public CudaLayer {
     const float one = 1.0f, zero = 0.0f;
     // Row-major dW (out, in) = dy^T x  <=>  column-major dW^T (in, out) = x^T (in, B) dy (B, out),
     // with x^T and dy^T the column-major views of x and dy.
-    PSGD_CUBLAS(cublasSgemm(ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, Int(in_), Int(out_),
+    PSGD_CUBLAS(Cublas().sgemm(ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, Int(in_), Int(out_),
                             Int(batch), &one, x, Int(in_), dy, Int(out_), &zero, dw, Int(in_)));
     PSGD_CUDA(kernels::ColumnSums(dy, db, batch, out_, ctx.stream()));
     if (dx != nullptr) {
       // Row-major dx (B, in) = dy W  <=>  column-major dx^T (in, B) = W^T (in, out) dy^T (out, B).
-      PSGD_CUBLAS(cublasSgemm(ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, Int(in_), Int(batch),
+      PSGD_CUBLAS(Cublas().sgemm(ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, Int(in_), Int(batch),
                               Int(out_), &one, w, Int(in_), dy, Int(out_), &zero, dx, Int(in_)));
     }
   }

@@ -2,6 +2,8 @@
 // runtime headers (no kernels here).
 #include "layers/cuda/device.h"
 
+#include "layers/cuda/cublas_loader.h"
+
 #include <cstdint>
 #include <string>
 
@@ -65,7 +67,7 @@ void CheckCublas(cublasStatus_t status, const char* call, int device) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
   Throw(status == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kIo : ErrorCode::kInternal,
         "cuBLAS call {} failed on device {}: {} ({})", call, device,
-        cublasGetStatusName(status), cublasGetStatusString(status));
+        Cublas().status_name(status), Cublas().status_string(status));
 }
 
 template <typename T>
@@ -162,15 +164,15 @@ Context::Context(int device) : device_(device) {
   PSGD_CUDA(cudaGetDeviceProperties(&prop, device));
   description_ = fmt::format("GPU {} ({}, sm_{}{})", device, prop.name, prop.major, prop.minor);
   stream_ = std::make_unique<Stream>(device);
-  PSGD_CUBLAS(cublasCreate(&cublas_));
-  PSGD_CUBLAS(cublasSetStream(cublas_, stream_->get()));
+  PSGD_CUBLAS(Cublas().create(&cublas_));
+  PSGD_CUBLAS(Cublas().set_stream(cublas_, stream_->get()));
   // Full FP32 GEMMs: no TF32 tensor-core shortcut (10-bit mantissa), so that the GPU layers stay
   // within 1e-4 of the CPU layers and a GPU step equals a CPU step within float rounding.
-  PSGD_CUBLAS(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
+  PSGD_CUBLAS(Cublas().set_math_mode(cublas_, CUBLAS_PEDANTIC_MATH));
 }
 
 Context::~Context() {
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cublas_ != nullptr) Cublas().destroy(cublas_);
 }
 
 }  // namespace pipesgd::cuda
