@@ -57,18 +57,18 @@ long ParseIntVar(const char* name, const char* value, long lo, long hi, const ch
   return v;
 }
 
-// The model of the config, on `in_features` inputs.
-std::unique_ptr<layers::Model> BuildModel(const config::Model& spec, size_t in_features,
+// The model of the config, on inputs of shape `input`.
+std::unique_ptr<layers::Model> BuildModel(const config::Model& spec, const layers::Shape& input,
                                           size_t max_batch) {
   std::vector<std::unique_ptr<layers::Layer>> stack;
-  size_t width = in_features;
+  layers::Shape shape = input;
   for (const auto& layer : spec.layers()) {
     if (layer.has_linear()) {
-      stack.push_back(layers::MakeLinear(width, layer.linear().out_features()));
-      width = layer.linear().out_features();
+      stack.push_back(layers::MakeLinear(shape, layer.linear().out_features()));
     } else if (layer.has_relu()) {
-      stack.push_back(layers::MakeRelu(width));
+      stack.push_back(layers::MakeRelu(shape));
     }
+    if (!stack.empty()) shape = stack.back()->out_shape();
   }
   return std::make_unique<layers::Model>(std::move(stack), max_batch);
 }
@@ -433,7 +433,8 @@ void RunWorker(const WorkerArgs& args) {
   data::CheckSameShape(train_set, data_cfg.train_images(), test_set, data_cfg.test_images());
   CheckModelFitsInMemory(job.model(), train_set.features, width);
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  auto model = BuildModel(job.model(), train_set.features, std::max<size_t>(batch, 500));
+  auto model = BuildModel(job.model(), layers::Shape{1, train_set.rows, train_set.cols},
+                          std::max<size_t>(batch, 500));
   std::vector<float> params(model->num_params());
   model->Init(params, train_cfg.seed());
   train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size,

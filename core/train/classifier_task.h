@@ -1,7 +1,9 @@
 // The training task of the main job: a layers::Model classifying a data::Dataset, seen by the
 // trainer only as an Objective (core/train/trainer.h). Step t of the run is global batch
 // (t mod steps_per_epoch) of epoch (t div steps_per_epoch); this rank computes on its slice
-// (core/data/dataset.h), so the run's samples do not depend on the world size.
+// (core/data/dataset.h), so the run's samples do not depend on the world size. The random layers
+// (Dropout) are keyed by (seed, step, global row of the sample), so they do not depend on it
+// either, and a resumed run draws what the uninterrupted one would have.
 #pragma once
 
 #include <span>
@@ -34,6 +36,8 @@ class ClassifierTask : public Objective {
   layers::Model& model_;
   const data::Dataset& train_;
   size_t batch_size_;
+  int rank_;
+  uint64_t seed_;
   data::InputScaling scaling_;
   data::Sampler sampler_;
   std::vector<float> x_;         // (batch, features)
