@@ -76,16 +76,16 @@ std::unique_ptr<layers::Model> BuildModel(const config::Model& spec, const layer
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
 // The GPU twin of BuildModel: the same layers, in the same parameter layout.
 std::unique_ptr<cuda::CudaModel> BuildCudaModel(cuda::Context& ctx, const config::Model& spec,
-                                                size_t in_features, size_t max_batch) {
+                                                const layers::Shape& input, size_t max_batch) {
   std::vector<std::unique_ptr<cuda::CudaLayer>> stack;
-  size_t width = in_features;
+  layers::Shape shape = input;
   for (const auto& layer : spec.layers()) {
     if (layer.has_linear()) {
-      stack.push_back(cuda::MakeCudaLinear(width, layer.linear().out_features()));
-      width = layer.linear().out_features();
+      stack.push_back(cuda::MakeCudaLinear(shape, layer.linear().out_features()));
     } else if (layer.has_relu()) {
-      stack.push_back(cuda::MakeCudaRelu(width));
+      stack.push_back(cuda::MakeCudaRelu(shape));
     }
+    if (!stack.empty()) shape = stack.back()->out_shape();
   }
   return std::make_unique<cuda::CudaModel>(ctx, std::move(stack), max_batch);
 }
@@ -457,7 +457,8 @@ void RunWorker(const WorkerArgs& args) {
                                                                    : "LOCAL_RANK"));
     }
     const size_t max_batch = std::max<size_t>(batch, 500);
-    gpu_model = BuildCudaModel(*gpu, job.model(), train_set.features, max_batch);
+    gpu_model = BuildCudaModel(*gpu, job.model(), layers::Shape{1, train_set.rows, train_set.cols},
+                               max_batch);
     gpu_params = std::make_unique<cuda::DeviceParams>(*gpu, model->num_params());
     gpu_task = std::make_unique<cuda::CudaClassifierTask>(
         *gpu, *gpu_model, *gpu_params, train_set, batch, max_batch, env.rank, env.world_size,

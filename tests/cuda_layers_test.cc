@@ -18,6 +18,7 @@
 #include "layers/layer.h"
 #include "layers/model.h"
 #include "layers/rng.h"
+#include <span>
 #include "layers/sgd.h"
 #include "tests/support/cuda_skip.h"
 
@@ -64,12 +65,14 @@ double RelError(const std::vector<float>& got, const std::vector<float>& want) {
   return err / scale;
 }
 
-// Runs the CPU layer and the CUDA layer on the same params, x and dy; compares y, grads and dx.
+// Runs the CPU layer and the CUDA layer on the same params, x and dy, in training mode with the
+// same Pass key and first row (so Dropout draws the same mask); compares y, grads and dx.
 void CompareLayer(const layers::Layer& cpu, cuda::CudaLayer& gpu, size_t batch, uint64_t seed) {
   Context ctx(0);
+  const int device = ctx.device();
   ASSERT_EQ(cpu.num_params(), gpu.num_params());
-  ASSERT_EQ(cpu.in_features(), gpu.in_features());
-  ASSERT_EQ(cpu.out_features(), gpu.out_features());
+  ASSERT_EQ(cpu.in_shape(), gpu.in_shape());
+  ASSERT_EQ(cpu.out_shape(), gpu.out_shape());
   std::vector<float> params(cpu.num_params());
   layers::Rng rng(seed);
   cpu.Init(params, rng);
@@ -77,17 +80,27 @@ void CompareLayer(const layers::Layer& cpu, cuda::CudaLayer& gpu, size_t batch, 
   const std::vector<float> dy = Random(batch * cpu.out_features(), seed + 2);
   std::vector<float> y(batch * cpu.out_features()), grads(cpu.num_params()),
       dx(batch * cpu.in_features());
-  cpu.Forward(params, x.data(), y.data(), batch);
-  cpu.Backward(params, x.data(), y.data(), dy.data(), grads, dx.data(), batch);
+  std::vector<std::byte> workspace(cpu.workspace_bytes(batch));
+  layers::Pass pass;
+  pass.batch = batch;
+  pass.training = true;
+  pass.key = layers::RandomKey(seed, 3, 1);
+  pass.first_row = 5 * batch;
+  pass.workspace = workspace;
+  cpu.Forward(params, x.data(), y.data(), pass);
+  cpu.Backward(params, x.data(), y.data(), dy.data(), grads, dx.data(), pass);
 
   auto d_params = Upload(ctx, params);
   auto d_x = Upload(ctx, x);
   auto d_dy = Upload(ctx, dy);
-  DeviceBuffer<float> d_y(std::max<size_t>(y.size(), 1), 0), d_grads(std::max<size_t>(grads.size(), 1), 0),
-      d_dx(std::max<size_t>(dx.size(), 1), 0);
-  gpu.Forward(ctx, d_params.data(), d_x.data(), d_y.data(), batch);
+  DeviceBuffer<float> d_y(std::max<size_t>(y.size(), 1), device),
+      d_grads(std::max<size_t>(grads.size(), 1), device), d_dx(std::max<size_t>(dx.size(), 1), device);
+  DeviceBuffer<std::byte> d_workspace(gpu.workspace_bytes(batch), device);
+  layers::Pass gpu_pass = pass;
+  gpu_pass.workspace = std::span<std::byte>(d_workspace.data(), gpu.workspace_bytes(batch));
+  gpu.Forward(ctx, d_params.data(), d_x.data(), d_y.data(), gpu_pass);
   gpu.Backward(ctx, d_params.data(), d_x.data(), d_y.data(), d_dy.data(), d_grads.data(),
-               d_dx.data(), batch);
+               d_dx.data(), gpu_pass);
   EXPECT_LT(RelError(Download(ctx, d_y.data(), y.size()), y), kRelTol) << cpu.name() << " y";
   if (!grads.empty()) {
     EXPECT_LT(RelError(Download(ctx, d_grads.data(), grads.size()), grads), kRelTol)

@@ -18,6 +18,8 @@ CudaClassifierTask::CudaClassifierTask(Context& ctx, CudaModel& model, DevicePar
       train_(train),
       batch_size_(batch_size),
       max_batch_(max_batch),
+      rank_(rank),
+      seed_(seed),
       scaling_(scaling),
       sampler_(train.count, batch_size, rank, world_size, seed),
       host_x_(max_batch * train.features, ctx.device()),
@@ -58,8 +60,12 @@ float CudaClassifierTask::ComputeGradient(int64_t step, std::span<const float> p
   auto batch = sampler_.Batch(epoch, index);
   data::GatherBatch(train_, batch, host_x_.data(), host_labels_.data(), scaling_);
   Upload(batch.size(), train_.features);
+  // The same key as train::ClassifierTask: the random layers draw what the CPU path draws.
+  const layers::BatchKey key{.seed = seed_,
+                             .step = static_cast<uint64_t>(step),
+                             .first_row = static_cast<uint64_t>(rank_) * batch_size_};
   const float loss = model_.ForwardBackward(params_.values.data(), x_.data(), labels_.data(),
-                                            batch.size(), params_.grads.data());
+                                            batch.size(), params_.grads.data(), key);
   const int device = ctx_.device();
   PSGD_CHECK_EQ(grads.size(), params_.grads.size());
   PSGD_CUDA(cudaMemcpyAsync(grads.data(), params_.grads.data(), grads.size_bytes(),

@@ -61,6 +61,8 @@ class CudaClassifierTask : public train::Objective {
   const data::Dataset& train_;
   size_t batch_size_;
   size_t max_batch_;
+  int rank_;
+  uint64_t seed_;
   data::InputScaling scaling_;
   data::Sampler sampler_;
   PinnedBuffer<float> host_x_;

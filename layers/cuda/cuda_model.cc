@@ -15,6 +15,8 @@
 #include "core/base/error.h"
 #include "layers/cuda/cublas_loader.h"
 #include "layers/cuda/kernels.h"
+#include "layers/layer.h"
+#include "layers/rng.h"
 
 namespace pipesgd::cuda {
 namespace {
@@ -29,15 +31,16 @@ int Int(size_t n) {
 // row-major product C = A B is computed as the column-major C^T = B^T A^T (operands swapped).
 class CudaLinear final : public CudaLayer {
  public:
-  CudaLinear(size_t in, size_t out) : in_(in), out_(out) {}
+  CudaLinear(const layers::Shape& in, size_t out) : in_shape_(in), in_(in.size()), out_(out) {}
   std::string name() const override { return fmt::format("linear({}->{})", in_, out_); }
-  size_t in_features() const override { return in_; }
-  size_t out_features() const override { return out_; }
+  layers::Shape in_shape() const override { return in_shape_; }
+  layers::Shape out_shape() const override { return {out_, 1, 1}; }
   size_t num_params() const override { return out_ * in_ + out_; }
 
   void Forward(Context& ctx, const float* params, const float* x, float* y,
-               size_t batch) override {
+               const layers::Pass& pass) override {
     const int device = ctx.device();
+    const size_t batch = pass.batch;
     const float* w = params;
     const float* b = params + out_ * in_;
     const float one = 1.0f, zero = 0.0f;
@@ -49,8 +52,9 @@ class CudaLinear final : public CudaLayer {
   }
 
   void Backward(Context& ctx, const float* params, const float* x, const float* y,
-                const float* dy, float* grads, float* dx, size_t batch) override {
+                const float* dy, float* grads, float* dx, const layers::Pass& pass) override {
     const int device = ctx.device();
+    const size_t batch = pass.batch;
     const float* w = params;
     float* dw = grads;
     float* db = grads + out_ * in_;
@@ -68,45 +72,51 @@ class CudaLinear final : public CudaLayer {
   }
 
  private:
+  layers::Shape in_shape_;
   size_t in_, out_;
 };
 
 class CudaRelu final : public CudaLayer {
  public:
-  explicit CudaRelu(size_t features) : features_(features) {}
+  explicit CudaRelu(const layers::Shape& shape) : shape_(shape), features_(shape.size()) {}
   std::string name() const override { return "relu"; }
-  size_t in_features() const override { return features_; }
-  size_t out_features() const override { return features_; }
+  layers::Shape in_shape() const override { return shape_; }
+  layers::Shape out_shape() const override { return shape_; }
   size_t num_params() const override { return 0; }
 
-  void Forward(Context& ctx, const float*, const float* x, float* y, size_t batch) override {
+  void Forward(Context& ctx, const float*, const float* x, float* y,
+               const layers::Pass& pass) override {
     const int device = ctx.device();
-    PSGD_CUDA(kernels::ReluForward(x, y, batch * features_, ctx.stream()));
+    PSGD_CUDA(kernels::ReluForward(x, y, pass.batch * features_, ctx.stream()));
   }
   void Backward(Context& ctx, const float*, const float* x, const float*, const float* dy,
-                float*, float* dx, size_t batch) override {
+                float*, float* dx, const layers::Pass& pass) override {
     if (dx == nullptr) return;
     const int device = ctx.device();
-    PSGD_CUDA(kernels::ReluBackward(x, dy, dx, batch * features_, ctx.stream()));
+    PSGD_CUDA(kernels::ReluBackward(x, dy, dx, pass.batch * features_, ctx.stream()));
   }
 
  private:
+  layers::Shape shape_;
   size_t features_;
 };
 
 }  // namespace
 
-std::unique_ptr<CudaLayer> MakeCudaLinear(size_t in_features, size_t out_features) {
-  if (in_features == 0 || out_features == 0) {
-    Throw(ErrorCode::kInvalidArgument, "linear layer needs at least one input and one output, got "
-          "linear({}->{})", in_features, out_features);
-  }
-  return std::make_unique<CudaLinear>(in_features, out_features);
+// Each twin runs the CPU factory first for its argument checks, so both fail alike.
+std::unique_ptr<CudaLayer> MakeCudaLinear(const layers::Shape& in, size_t out_features) {
+  layers::MakeLinear(in, out_features);
+  return std::make_unique<CudaLinear>(in, out_features);
 }
-
+std::unique_ptr<CudaLayer> MakeCudaLinear(size_t in_features, size_t out_features) {
+  return MakeCudaLinear(layers::Shape{in_features, 1, 1}, out_features);
+}
+std::unique_ptr<CudaLayer> MakeCudaRelu(const layers::Shape& shape) {
+  layers::MakeRelu(shape);
+  return std::make_unique<CudaRelu>(shape);
+}
 std::unique_ptr<CudaLayer> MakeCudaRelu(size_t features) {
-  if (features == 0) Throw(ErrorCode::kInvalidArgument, "relu layer needs at least one feature");
-  return std::make_unique<CudaRelu>(features);
+  return MakeCudaRelu(layers::Shape{features, 1, 1});
 }
 
 CudaModel::CudaModel(Context& ctx, std::vector<std::unique_ptr<CudaLayer>> layers,
@@ -115,11 +125,13 @@ CudaModel::CudaModel(Context& ctx, std::vector<std::unique_ptr<CudaLayer>> layer
   if (layers_.empty()) Throw(ErrorCode::kInvalidArgument, "a model needs at least one layer");
   if (max_batch_ == 0) Throw(ErrorCode::kInvalidArgument, "max_batch must be at least 1");
   for (size_t i = 1; i < layers_.size(); i++) {
-    if (layers_[i]->in_features() != layers_[i - 1]->out_features()) {
+    const CudaLayer& prev = *layers_[i - 1];
+    const CudaLayer& cur = *layers_[i];
+    if (cur.in_shape() != prev.out_shape()) {
       Throw(ErrorCode::kInvalidArgument,
-            "layer {} {} takes {} features but layer {} {} outputs {}", i, layers_[i]->name(),
-            layers_[i]->in_features(), i - 1, layers_[i - 1]->name(),
-            layers_[i - 1]->out_features());
+            "layer {} {} takes {} features ({}) but layer {} {} outputs {} ({})", i, cur.name(),
+            cur.in_features(), layers::ToString(cur.in_shape()), i - 1, prev.name(),
+            prev.out_features(), layers::ToString(prev.out_shape()));
     }
   }
   for (const auto& layer : layers_) {
@@ -134,13 +146,17 @@ CudaModel::CudaModel(Context& ctx, std::vector<std::unique_ptr<CudaLayer>> layer
     acts_[i] = DeviceBuffer<float>(max_batch_ * features, device);
     grads_acts_[i] = DeviceBuffer<float>(max_batch_ * features, device);
   }
+  workspaces_.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); i++) {
+    workspaces_[i] = DeviceBuffer<std::byte>(layers_[i]->workspace_bytes(max_batch_), device);
+  }
   row_loss_ = DeviceBuffer<double>(max_batch_, device);
   correct_ = DeviceBuffer<uint8_t>(max_batch_, device);
   host_row_loss_ = PinnedBuffer<double>(max_batch_, device);
   host_correct_ = PinnedBuffer<uint8_t>(max_batch_, device);
 }
 
-size_t CudaModel::in_features() const { return layers_.front()->in_features(); }
+layers::Shape CudaModel::in_shape() const { return layers_.front()->in_shape(); }
 size_t CudaModel::num_classes() const { return layers_.back()->out_features(); }
 
 std::string CudaModel::Describe() const {
@@ -152,12 +168,27 @@ std::string CudaModel::Describe() const {
   return fmt::format("{}: {} params on {}", out, num_params_, ctx_.description());
 }
 
-void CudaModel::RunForward(const float* params, const float* x, size_t batch) {
+// Exactly layers::Model::LayerPass, with a device workspace.
+layers::Pass CudaModel::LayerPass(size_t i, size_t batch, bool training,
+                                  const layers::BatchKey& key) {
+  layers::Pass pass;
+  pass.batch = batch;
+  pass.training = training;
+  pass.key = layers::RandomKey(key.seed, key.step, i);
+  pass.first_row = key.first_row;
+  pass.workspace = std::span<std::byte>(workspaces_[i].data(),
+                                        layers_[i]->workspace_bytes(batch));
+  return pass;
+}
+
+void CudaModel::RunForward(const float* params, const float* x, size_t batch, bool training,
+                           const layers::BatchKey& key) {
   PSGD_CHECK_GE(batch, size_t{1});
   PSGD_CHECK_LE(batch, max_batch_);
   for (size_t i = 0; i < layers_.size(); i++) {
     const float* in = i == 0 ? x : acts_[i].data();
-    layers_[i]->Forward(ctx_, params + param_offsets_[i], in, acts_[i + 1].data(), batch);
+    layers_[i]->Forward(ctx_, params + param_offsets_[i], in, acts_[i + 1].data(),
+                        LayerPass(i, batch, training, key));
   }
 }
 
@@ -176,14 +207,15 @@ layers::EvalResult CudaModel::Loss(const uint8_t* labels, size_t batch, bool gra
 }
 
 float CudaModel::ForwardBackward(const float* params, const float* x, const uint8_t* labels,
-                                 size_t batch, float* grads) {
-  RunForward(params, x, batch);
+                                 size_t batch, float* grads, const layers::BatchKey& key) {
+  RunForward(params, x, batch, /*training=*/true, key);
   Loss(labels, batch, /*gradient=*/true);
   for (size_t i = layers_.size(); i-- > 0;) {
     const float* in = i == 0 ? x : acts_[i].data();
     float* dx = i == 0 ? nullptr : grads_acts_[i].data();
     layers_[i]->Backward(ctx_, params + param_offsets_[i], in, acts_[i + 1].data(),
-                         grads_acts_[i + 1].data(), grads + param_offsets_[i], dx, batch);
+                         grads_acts_[i + 1].data(), grads + param_offsets_[i], dx,
+                         LayerPass(i, batch, /*training=*/true, key));
   }
   ctx_.Synchronize("a forward and backward pass");
   // Summed on the host in sample order, as layers::SoftmaxCrossEntropy does.
@@ -194,7 +226,7 @@ float CudaModel::ForwardBackward(const float* params, const float* x, const uint
 
 layers::EvalResult CudaModel::Evaluate(const float* params, const float* x,
                                        const uint8_t* labels, size_t batch) {
-  RunForward(params, x, batch);
+  RunForward(params, x, batch, /*training=*/false, {});
   Loss(labels, batch, /*gradient=*/false);
   ctx_.Synchronize("an evaluation pass");
   layers::EvalResult result;

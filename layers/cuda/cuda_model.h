@@ -24,24 +24,33 @@
 
 namespace pipesgd::cuda {
 
+// The CUDA twin of layers::Layer (layers/layer.h): same shapes, same parameter layout, same
+// Pass (its workspace points to device memory here), every pointer a device pointer, work queued
+// on ctx's stream.
 class CudaLayer {
  public:
   virtual ~CudaLayer() = default;
   virtual std::string name() const = 0;
-  virtual size_t in_features() const = 0;
-  virtual size_t out_features() const = 0;
+  virtual layers::Shape in_shape() const = 0;
+  virtual layers::Shape out_shape() const = 0;
+  size_t in_features() const { return in_shape().size(); }
+  size_t out_features() const { return out_shape().size(); }
   virtual size_t num_params() const = 0;
-  // y (B, out) = layer(x (B, in)); params: num_params floats.
+  // Device scratch bytes for `batch` samples (Pass::workspace), kept from Forward to Backward.
+  virtual size_t workspace_bytes(size_t batch) const { return 0; }
+  // y (B, out) = layer(x (B, in)), B = pass.batch; params: num_params floats.
   virtual void Forward(Context& ctx, const float* params, const float* x, float* y,
-                       size_t batch) = 0;
+                       const layers::Pass& pass) = 0;
   // OVERWRITES grads (num_params floats) with dLoss/dparams; writes dx (B, in) unless null.
   virtual void Backward(Context& ctx, const float* params, const float* x, const float* y,
-                        const float* dy, float* grads, float* dx, size_t batch) = 0;
+                        const float* dy, float* grads, float* dx, const layers::Pass& pass) = 0;
 };
 
-// As layers::MakeLinear / MakeRelu (same parameter layout [W (out, in), b (out)]).
-// Throw Error(kInvalidArgument) for zero sizes.
+// The twins of layers::MakeLinear / MakeRelu / MakeConv2d / MakeMaxPool2d / MakeDropout /
+// MakeFlatten: same arguments, same errors (Error kInvalidArgument naming the values).
+std::unique_ptr<CudaLayer> MakeCudaLinear(const layers::Shape& in, size_t out_features);
 std::unique_ptr<CudaLayer> MakeCudaLinear(size_t in_features, size_t out_features);
+std::unique_ptr<CudaLayer> MakeCudaRelu(const layers::Shape& shape);
 std::unique_ptr<CudaLayer> MakeCudaRelu(size_t features);
 
 class CudaModel {
@@ -51,24 +60,28 @@ class CudaModel {
   CudaModel(Context& ctx, std::vector<std::unique_ptr<CudaLayer>> layers, size_t max_batch);
 
   size_t num_params() const { return num_params_; }
-  size_t in_features() const;
+  layers::Shape in_shape() const;
+  size_t in_features() const { return in_shape().size(); }
   size_t num_classes() const;
   std::string Describe() const;
 
-  // One forward and backward pass on device x (B, in) and device labels (B): OVERWRITES device
-  // grads (num_params) with the gradient of the mean loss; returns the mean loss (this waits
-  // for the stream: the loss is needed on the host). REQUIRES 1 <= batch <= max_batch.
+  // One training forward and backward pass on device x (B, in) and device labels (B):
+  // OVERWRITES device grads (num_params) with the gradient of the mean loss; returns the mean
+  // loss (this waits for the stream: the loss is needed on the host). `key` seeds the random
+  // layers exactly as layers::Model does. REQUIRES 1 <= batch <= max_batch.
   float ForwardBackward(const float* params, const float* x, const uint8_t* labels, size_t batch,
-                        float* grads);
-  // Forward only: loss sum (double, summed on the host in sample order as the CPU) and correct
-  // count. Waits for the stream.
+                        float* grads, const layers::BatchKey& key = {});
+  // Forward only, evaluation mode: loss sum (double, summed on the host in sample order as the
+  // CPU) and correct count. Waits for the stream.
   layers::EvalResult Evaluate(const float* params, const float* x, const uint8_t* labels,
                               size_t batch);
   // The logits of the last Forward (device, (batch, classes)), for tests.
   const float* logits() const { return acts_.back().data(); }
 
  private:
-  void RunForward(const float* params, const float* x, size_t batch);
+  void RunForward(const float* params, const float* x, size_t batch, bool training,
+                  const layers::BatchKey& key);
+  layers::Pass LayerPass(size_t i, size_t batch, bool training, const layers::BatchKey& key);
   layers::EvalResult Loss(const uint8_t* labels, size_t batch, bool gradient);
 
   Context& ctx_;
@@ -78,6 +91,7 @@ class CudaModel {
   size_t max_batch_ = 0;
   std::vector<DeviceBuffer<float>> acts_;        // acts_[i]: input of layer i (entry 0 unused)
   std::vector<DeviceBuffer<float>> grads_acts_;  // same shapes
+  std::vector<DeviceBuffer<std::byte>> workspaces_;  // per layer, workspace_bytes(max_batch)
   DeviceBuffer<double> row_loss_;
   DeviceBuffer<uint8_t> correct_;
   PinnedBuffer<double> host_row_loss_;
