@@ -52,6 +52,13 @@ std::unique_ptr<CudaLayer> MakeCudaLinear(const layers::Shape& in, size_t out_fe
 std::unique_ptr<CudaLayer> MakeCudaLinear(size_t in_features, size_t out_features);
 std::unique_ptr<CudaLayer> MakeCudaRelu(const layers::Shape& shape);
 std::unique_ptr<CudaLayer> MakeCudaRelu(size_t features);
+// Convolution as im2col + cuBLAS strided-batched GEMM (the batch's columns in the workspace).
+std::unique_ptr<CudaLayer> MakeCudaConv2d(const layers::Shape& in, size_t out_channels,
+                                          size_t kernel, size_t stride, size_t padding);
+std::unique_ptr<CudaLayer> MakeCudaMaxPool2d(const layers::Shape& in, size_t kernel,
+                                             size_t stride);
+std::unique_ptr<CudaLayer> MakeCudaDropout(const layers::Shape& shape, float p);
+std::unique_ptr<CudaLayer> MakeCudaFlatten(const layers::Shape& in);
 
 class CudaModel {
  public:
