@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -31,6 +32,7 @@
 #include "layers/cuda/device.h"
 #endif
 #include "launcher/config.h"
+#include "launcher/model_builder.h"
 #include "layers/model.h"
 #include "transport/factory.h"
 #include "transport/ifname.h"
@@ -57,37 +59,11 @@ long ParseIntVar(const char* name, const char* value, long lo, long hi, const ch
   return v;
 }
 
-// The model of the config, on inputs of shape `input`.
-std::unique_ptr<layers::Model> BuildModel(const config::Model& spec, const layers::Shape& input,
-                                          size_t max_batch) {
-  std::vector<std::unique_ptr<layers::Layer>> stack;
-  layers::Shape shape = input;
-  for (const auto& layer : spec.layers()) {
-    if (layer.has_linear()) {
-      stack.push_back(layers::MakeLinear(shape, layer.linear().out_features()));
-    } else if (layer.has_relu()) {
-      stack.push_back(layers::MakeRelu(shape));
-    }
-    if (!stack.empty()) shape = stack.back()->out_shape();
-  }
-  return std::make_unique<layers::Model>(std::move(stack), max_batch);
-}
-
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
-// The GPU twin of BuildModel: the same layers, in the same parameter layout.
+// The GPU twin of the CPU model: the same layers (BuildCudaLayers), the same parameter layout.
 std::unique_ptr<cuda::CudaModel> BuildCudaModel(cuda::Context& ctx, const config::Model& spec,
-                                                const layers::Shape& input, size_t max_batch) {
-  std::vector<std::unique_ptr<cuda::CudaLayer>> stack;
-  layers::Shape shape = input;
-  for (const auto& layer : spec.layers()) {
-    if (layer.has_linear()) {
-      stack.push_back(cuda::MakeCudaLinear(shape, layer.linear().out_features()));
-    } else if (layer.has_relu()) {
-      stack.push_back(cuda::MakeCudaRelu(shape));
-    }
-    if (!stack.empty()) shape = stack.back()->out_shape();
-  }
-  return std::make_unique<cuda::CudaModel>(ctx, std::move(stack), max_batch);
+                                                size_t max_batch) {
+  return std::make_unique<cuda::CudaModel>(ctx, BuildCudaLayers(spec), max_batch);
 }
 
 // model.gpu_index, or LOCAL_RANK (0 when unset) for -1.
@@ -99,24 +75,27 @@ int GpuIndex(const config::Model& spec) {
 }
 #endif
 
-// Refuses a model whose buffers (parameters, momentum, one gradient per pipeline slot) cannot
-// fit in this machine's memory, before allocating any of it.
-void CheckModelFitsInMemory(const config::Model& spec, size_t in_features, int width) {
+// Refuses a model whose buffers (parameters, momentum, one gradient per pipeline slot, and the
+// activations, their gradients and the layers' workspaces at `max_batch`) cannot fit in this
+// machine's memory, before allocating any of it.
+void CheckModelFitsInMemory(const std::vector<std::unique_ptr<layers::Layer>>& stack,
+                            size_t max_batch, int width) {
   double params = 0;
-  double fan_in = static_cast<double>(in_features);
-  for (const auto& layer : spec.layers()) {
-    if (!layer.has_linear()) continue;
-    const double out = layer.linear().out_features();
-    params += fan_in * out + out;
-    fan_in = out;
+  double scratch = 0;
+  for (const auto& layer : stack) {
+    params += static_cast<double>(layer->num_params());
+    scratch += 2.0 * static_cast<double>(max_batch) * static_cast<double>(layer->out_features()) *
+                   sizeof(float) +
+               static_cast<double>(layer->workspace_bytes(max_batch));
   }
-  const double bytes = params * sizeof(float) * (width + 2);
+  const double bytes = params * sizeof(float) * (width + 2) + scratch;
   const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   if (bytes > memory) {
     Throw(ErrorCode::kInvalidArgument,
-          "the model has {:.0f} parameters: its parameters, momentum and {} gradient buffers need "
-          "{:.1f} GiB, more than this machine's {:.1f} GiB of memory",
-          params, width, bytes / (1 << 30), memory / (1 << 30));
+          "the model has {:.0f} parameters: its parameters, momentum and {} gradient buffers, "
+          "and activations for batches of {}, need {:.1f} GiB, more than this machine's {:.1f} "
+          "GiB of memory",
+          params, width, max_batch, bytes / (1 << 30), memory / (1 << 30));
   }
 }
 
@@ -431,10 +410,25 @@ void RunWorker(const WorkerArgs& args) {
   data::Dataset test_set = data::LoadDataset(data_cfg.test_images(), data_cfg.test_labels(),
                                              num_classes, data_cfg.test_limit());
   data::CheckSameShape(train_set, data_cfg.train_images(), test_set, data_cfg.test_images());
-  CheckModelFitsInMemory(job.model(), train_set.features, width);
+  const layers::Shape input = InputShape(job.model());
+  if (train_set.rows != input.height || train_set.cols != input.width || input.channels != 1) {
+    Throw(ErrorCode::kInvalidArgument,
+          "model.input_channels x input_height x input_width = {}: expected 1x{}x{}, the "
+          "images of {} (IDX images have one channel)",
+          layers::ToString(input), train_set.rows, train_set.cols, data_cfg.train_images());
+  }
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  auto model = BuildModel(job.model(), layers::Shape{1, train_set.rows, train_set.cols},
-                          std::max<size_t>(batch, 500));
+  // Evaluation runs in batches of up to 500 (fewer calls), but not beyond ~64 MiB of
+  // activations per rank: a CNN's feature maps are far larger than an MLP's.
+  auto stack = BuildLayers(job.model());
+  size_t floats_per_sample = 0;
+  for (const auto& layer : stack) floats_per_sample += 2 * layer->out_features();
+  const size_t eval_batch = std::clamp<size_t>((size_t{64} << 20) / sizeof(float) /
+                                                   std::max<size_t>(floats_per_sample, 1),
+                                               1, 500);
+  const size_t max_batch = std::max(batch, eval_batch);
+  CheckModelFitsInMemory(stack, max_batch, width);
+  auto model = std::make_unique<layers::Model>(std::move(stack), max_batch);
   std::vector<float> params(model->num_params());
   model->Init(params, train_cfg.seed());
   train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size,
@@ -456,9 +450,7 @@ void RunWorker(const WorkerArgs& args) {
                                index, job.model().gpu_index() >= 0 ? "model.gpu_index"
                                                                    : "LOCAL_RANK"));
     }
-    const size_t max_batch = std::max<size_t>(batch, 500);
-    gpu_model = BuildCudaModel(*gpu, job.model(), layers::Shape{1, train_set.rows, train_set.cols},
-                               max_batch);
+    gpu_model = BuildCudaModel(*gpu, job.model(), max_batch);
     gpu_params = std::make_unique<cuda::DeviceParams>(*gpu, model->num_params());
     gpu_task = std::make_unique<cuda::CudaClassifierTask>(
         *gpu, *gpu_model, *gpu_params, train_set, batch, max_batch, env.rank, env.world_size,

@@ -295,7 +295,9 @@ TEST_F(ConfigTest, LayerWithoutKindIsRejected) {
       "  layers { linear { out_features: 10 } }\n"
       "}\n");
   EXPECT_STREQ(LoadError(path).what(),
-               (path + ":3:3: model.layers[1] = {}: expected a layer kind (linear or relu)").c_str());
+               (path + ":3:3: model.layers[1] = {}: expected a layer kind (linear, relu, conv2d, "
+                       "max_pool2d, dropout or flatten)")
+                   .c_str());
 }
 
 TEST_F(ConfigTest, ModelMustEndWithALinearLayer) {
@@ -317,6 +319,105 @@ TEST_F(ConfigTest, LinearWithoutOutFeaturesPointsAtTheLayer) {
                (path + ":2:12: model.layers[0].linear.out_features is not set: expected an "
                        "integer >= 1")
                    .c_str());
+}
+
+// --- convolutional models ---------------------------------------------------------------------
+
+const std::string kCnnConfig = std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_cnn.pbtxt";
+
+TEST_F(ConfigTest, ShippedCnnConfigLoadsWithDefaults) {
+  config::Job job = LoadJobConfig(kCnnConfig, {});
+  ASSERT_GE(job.model().layers_size(), 8);
+  const config::Conv2d& conv = job.model().layers(0).conv2d();
+  EXPECT_GE(conv.out_channels(), 1);
+  EXPECT_EQ(conv.stride(), 1);  // default
+  EXPECT_EQ(job.model().layers(2).max_pool2d().stride(), 0);  // 0 = kernel_size
+  EXPECT_EQ(job.model().input_channels(), 1);
+  EXPECT_EQ(job.model().input_height(), 28);
+  // Defaults of the fields the file leaves out.
+  config::Job small = LoadJobConfig(
+      Write("model {\n  layers { conv2d { out_channels: 2 kernel_size: 3 } }\n"
+            "  layers { dropout {} }\n  layers { max_pool2d { kernel_size: 2 } }\n"
+            "  layers { linear { out_features: 10 } }\n}\n"),
+      {});
+  EXPECT_EQ(small.model().layers(0).conv2d().padding(), 0);
+  EXPECT_EQ(small.model().layers(1).dropout().p(), 0.5f);
+  EXPECT_EQ(small.model().input_width(), 28);
+}
+
+// The loader follows the shapes through the layers and points at the first that cannot work.
+TEST_F(ConfigTest, ShapesThatDoNotChainNameTheLayerTheValueAndTheInput) {
+  // 28 -> conv k5 s4 p0: 6x6 -> pool 2: 3x3 -> conv k5 p0: the kernel is larger than 3.
+  std::string path = Write(
+      "model {\n"
+      "  layers { conv2d { out_channels: 4 kernel_size: 5 stride: 4 } }\n"
+      "  layers { max_pool2d { kernel_size: 2 } }\n"
+      "  layers { conv2d { out_channels: 8 kernel_size: 5 } }\n"
+      "  layers { linear { out_features: 10 } }\n"
+      "}\n");
+  EXPECT_STREQ(LoadError(path).what(),
+               (path + ":4:37: model.layers[2].conv2d.kernel_size = 5: expected at most 3, the "
+                       "padded height and width of its input (4x3x3 from model.layers[1] with "
+                       "padding 0 on each side)")
+                   .c_str());
+  // With padding 1 it fits (3 + 2 = 5).
+  EXPECT_NO_THROW(LoadJobConfig(path, {"model.layers[2].conv2d.padding=1"}));
+
+  // A pool larger than the input, first layer: names the model input; non-square input.
+  EXPECT_THAT(InvalidMessage("model { input_height: 3 input_width: 9\n"
+                             "  layers { max_pool2d { kernel_size: 4 } }\n"
+                             "  layers { linear { out_features: 10 } } }\n"),
+              HasSubstr("model.layers[0].max_pool2d.kernel_size = 4: expected at most 3, the "
+                        "height and width of its input (the model input 1x3x9)"));
+
+  // After a linear layer the activation is flat (N x 1 x 1): a conv kernel of 3 cannot fit.
+  EXPECT_THAT(InvalidMessage("model { layers { linear { out_features: 64 } }\n"
+                             "  layers { conv2d { out_channels: 2 kernel_size: 3 } }\n"
+                             "  layers { linear { out_features: 10 } } }\n"),
+              HasSubstr("model.layers[1].conv2d.kernel_size = 3: expected at most 1, the padded "
+                        "height and width of its input (64x1x1 from model.layers[0]"));
+
+  // An override that breaks the chain is named instead of a line.
+  EXPECT_THAT(LoadError(kCnnConfig, {"model.layers[0].conv2d.kernel_size=40"}).what(),
+              HasSubstr("--set model.layers[0].conv2d.kernel_size=40: "
+                        "model.layers[0].conv2d.kernel_size = 40: expected at most 32"));
+
+  // Activations beyond 2^31-1 floats per sample.
+  EXPECT_THAT(InvalidMessage("model { input_height: 30000 input_width: 30000\n"
+                             "  layers { conv2d { out_channels: 64 kernel_size: 1 } }\n"
+                             "  layers { linear { out_features: 10 } } }\n"),
+              HasSubstr("model.layers[0] = { conv2d { out_channels: 64 kernel_size: 1 "));
+}
+
+TEST_F(ConfigTest, CnnFieldRanges) {
+  const std::string cnn =
+      "model { layers { conv2d { out_channels: 2 kernel_size: 3 } }\n"
+      "  layers { max_pool2d { kernel_size: 2 } } layers { dropout { } }\n"
+      "  layers { flatten { } } layers { linear { out_features: 10 } } }\n";
+  const std::string path = Write(cnn);
+  EXPECT_NO_THROW(LoadJobConfig(path, {}));
+  for (const char* bad : {"model.layers[0].conv2d.out_channels=0",
+                          "model.layers[0].conv2d.kernel_size=0", "model.layers[0].conv2d.stride=0",
+                          "model.layers[0].conv2d.padding=-1",
+                          "model.layers[1].max_pool2d.kernel_size=0",
+                          "model.layers[1].max_pool2d.stride=-1", "model.layers[2].dropout.p=1",
+                          "model.layers[2].dropout.p=-0.1", "model.layers[2].dropout.p=nan"}) {
+    const std::string field = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_THAT(LoadError(path, {bad}).what(),
+                AllOf(HasSubstr("--set " + std::string(bad) + ": " + field + " = "),
+                      HasSubstr(": expected ")))
+        << bad;
+  }
+  for (const char* good : {"model.layers[2].dropout.p=0", "model.layers[2].dropout.p=0.99",
+                           "model.layers[1].max_pool2d.stride=1",
+                           "model.layers[0].conv2d.padding=5"}) {
+    EXPECT_NO_THROW(LoadJobConfig(path, {good})) << good;
+  }
+  // Unset required values point at their layer.
+  EXPECT_THAT(InvalidMessage("model { layers { conv2d { kernel_size: 3 } }\n"
+                             "  layers { linear { out_features: 10 } } }\n"),
+              HasSubstr("model.layers[0].conv2d.out_channels is not set: expected an integer "
+                        ">= 1"));
 }
 
 // Ranges of the fields not covered above, one override each, both sides of each bound.
@@ -371,7 +472,9 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"comm.ib_port=256", false}, RangeCase{"comm.ib_port=-1", false},
         RangeCase{"comm.gid_index=-1", true}, RangeCase{"comm.gid_index=255", true},
         RangeCase{"comm.gid_index=-2", false}, RangeCase{"comm.gid_index=256", false},
-        RangeCase{"model.layers[0].linear.out_features=0", false}));
+        RangeCase{"model.layers[0].linear.out_features=0", false},
+        RangeCase{"model.input_channels=0", false}, RangeCase{"model.input_height=-1", false},
+        RangeCase{"model.input_width=0", false}, RangeCase{"model.input_width=1", true}));
 
 // What ranks compare at rendezvous leaves out machine-local settings (interface and RDMA device
 // names differ between hosts) but keeps the transport.

@@ -121,6 +121,32 @@ TEST(CudaLayers, ReluMatchesCpu) {
   CompareLayer(*layers::MakeRelu(101), *cuda::MakeCudaRelu(101), 7, 3);
 }
 
+// The convolutional layers of issue 8 against their CPU versions: odd sizes, stride and padding
+// that leave partial windows, overlapping pooling windows (stride < kernel), dropout with the
+// same key and global rows (bitwise the same mask), flatten.
+TEST(CudaLayers, Conv2dMatchesCpu) {
+  PSGD_REQUIRE_CUDA_DEVICE();
+  const layers::Shape in{3, 11, 9};
+  CompareLayer(*layers::MakeConv2d(in, 5, 3, 2, 1), *cuda::MakeCudaConv2d(in, 5, 3, 2, 1), 4, 11);
+  const layers::Shape mnist{1, 28, 28};
+  CompareLayer(*layers::MakeConv2d(mnist, 32, 5, 1, 2), *cuda::MakeCudaConv2d(mnist, 32, 5, 1, 2),
+               8, 12);
+}
+
+TEST(CudaLayers, MaxPool2dMatchesCpu) {
+  PSGD_REQUIRE_CUDA_DEVICE();
+  const layers::Shape in{4, 9, 7};
+  CompareLayer(*layers::MakeMaxPool2d(in, 2, 2), *cuda::MakeCudaMaxPool2d(in, 2, 2), 3, 13);
+  CompareLayer(*layers::MakeMaxPool2d(in, 3, 2), *cuda::MakeCudaMaxPool2d(in, 3, 2), 3, 14);
+}
+
+TEST(CudaLayers, DropoutAndFlattenMatchCpu) {
+  PSGD_REQUIRE_CUDA_DEVICE();
+  const layers::Shape in{6, 5, 5};
+  CompareLayer(*layers::MakeDropout(in, 0.3f), *cuda::MakeCudaDropout(in, 0.3f), 7, 15);
+  CompareLayer(*layers::MakeFlatten(in), *cuda::MakeCudaFlatten(in), 7, 16);
+}
+
 // A two-layer MLP: one forward/backward on both, then one SGD step with momentum and weight
 // decay; the GPU's loss, gradient and new parameters equal the CPU's within 1e-4 relative (the
 // GEMMs sum in a different order; everything elementwise is the same float expression).
@@ -175,6 +201,54 @@ TEST(CudaModel, TrainingStepMatchesCpu) {
   EXPECT_EQ(gpu_eval.count, cpu_eval.count);
   EXPECT_EQ(gpu_eval.correct, cpu_eval.correct);
   EXPECT_NEAR(gpu_eval.loss_sum, cpu_eval.loss_sum, 1e-5 * std::fabs(cpu_eval.loss_sum));
+}
+
+// A small CNN (conv-relu-pool twice, flatten, dropout, linear), one training step with the
+// same BatchKey on both: the same dropout mask, loss and gradient within 1e-4 relative.
+TEST(CudaModel, CnnTrainingStepMatchesCpu) {
+  PSGD_REQUIRE_CUDA_DEVICE();
+  Context ctx(0);
+  const size_t batch = 8, classes = 10;
+  const layers::Shape in{1, 28, 28};
+  std::vector<std::unique_ptr<layers::Layer>> cpu_layers;
+  std::vector<std::unique_ptr<cuda::CudaLayer>> gpu_layers;
+  layers::Shape shape = in;
+  auto add = [&](std::unique_ptr<layers::Layer> cpu, std::unique_ptr<cuda::CudaLayer> gpu) {
+    shape = cpu->out_shape();
+    cpu_layers.push_back(std::move(cpu));
+    gpu_layers.push_back(std::move(gpu));
+  };
+  add(layers::MakeConv2d(shape, 8, 5, 1, 2), cuda::MakeCudaConv2d(shape, 8, 5, 1, 2));
+  add(layers::MakeRelu(shape), cuda::MakeCudaRelu(shape));
+  add(layers::MakeMaxPool2d(shape, 2, 2), cuda::MakeCudaMaxPool2d(shape, 2, 2));
+  add(layers::MakeConv2d(shape, 16, 3, 1, 1), cuda::MakeCudaConv2d(shape, 16, 3, 1, 1));
+  add(layers::MakeRelu(shape), cuda::MakeCudaRelu(shape));
+  add(layers::MakeMaxPool2d(shape, 2, 2), cuda::MakeCudaMaxPool2d(shape, 2, 2));
+  add(layers::MakeFlatten(shape), cuda::MakeCudaFlatten(shape));
+  add(layers::MakeDropout(shape, 0.25f), cuda::MakeCudaDropout(shape, 0.25f));
+  add(layers::MakeLinear(shape, classes), cuda::MakeCudaLinear(shape, classes));
+  layers::Model cpu(std::move(cpu_layers), batch);
+  cuda::CudaModel gpu(ctx, std::move(gpu_layers), batch);
+  ASSERT_EQ(cpu.num_params(), gpu.num_params());
+  std::vector<float> params(cpu.num_params());
+  cpu.Init(params, 3);
+  const std::vector<float> x = Random(batch * in.size(), 21, -1.0f, 2.0f);
+  std::vector<uint8_t> labels(batch);
+  for (size_t i = 0; i < batch; ++i) labels[i] = static_cast<uint8_t>((i * 3) % classes);
+  const layers::BatchKey key{.seed = 9, .step = 17, .first_row = 2 * batch};
+  std::vector<float> grads(cpu.num_params());
+  const float cpu_loss = cpu.ForwardBackward(params, x.data(), labels.data(), batch, grads, key);
+
+  auto d_params = Upload(ctx, params);
+  auto d_x = Upload(ctx, x);
+  DeviceBuffer<uint8_t> d_labels(batch, 0);
+  const int device = 0;
+  PSGD_CUDA(cudaMemcpy(d_labels.data(), labels.data(), batch, cudaMemcpyHostToDevice));
+  DeviceBuffer<float> d_grads(gpu.num_params(), device);
+  const float gpu_loss = gpu.ForwardBackward(d_params.data(), d_x.data(), d_labels.data(), batch,
+                                             d_grads.data(), key);
+  EXPECT_NEAR(gpu_loss, cpu_loss, 1e-4 * std::fabs(cpu_loss));
+  EXPECT_LT(RelError(Download(ctx, d_grads.data(), grads.size()), grads), kRelTol);
 }
 
 // With the same gradient the GPU's SGD update is bitwise the CPU's: same expression, one
