@@ -4,6 +4,8 @@
 # inputs, no data loading, no network. Run it alone on the machine:
 #   flock -x /tmp/pipesgd-cpu.lock bench/train_vs_torch.sh [BUILD_DIR] [OUT.jsonl]
 # Prints a table; with OUT, also every measurement as one JSON object per line.
+# Needs PyTorch for /usr/bin/python3 (Debian python3-torch; not in scripts/install_deps.sh, being
+# large and needed only here). STEPS, REPEATS, THREADS ("1 2"), BATCHES ("16 64") override.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -33,8 +35,8 @@ for cfg in fashion_mnist_mlp fashion_mnist_cnn; do
       fi
       ps=$(echo "$p" | "$python" -c "import json,sys; print(json.load(sys.stdin)['median_samples_per_s'])")
       ts=$(echo "$t" | "$python" -c "import json,sys; print(json.load(sys.stdin)['median_samples_per_s'])")
-      printf '%-5s %5s %7s  %12s  %12s  %.2fx\n' "${cfg#fashion_mnist_}" "$batch" "$threads" "$ps" "$ts" \
-        "$(echo "$ps / $ts" | bc -l)"
+      printf '%-5s %5s %7s  %12s  %12s  %sx\n' "${cfg#fashion_mnist_}" "$batch" "$threads" "$ps" "$ts" \
+        "$("$python" -c "print(f'{$ps / $ts:.2f}')")"
     done
   done
 done

@@ -112,9 +112,11 @@ std::unique_ptr<Layer> MakeConv2d(const Shape& in, size_t out_channels, size_t k
 
 // Max pooling over kernel x kernel windows with the given stride, per channel, no padding
 // (PyTorch's nn.MaxPool2d(kernel, stride), floor mode): output (C, OH, OW),
-// OH = (H - kernel) / stride + 1. Within a window the first maximum in row-major order wins ties
-// and a NaN wins over every number (PyTorch's CPU kernel does the same); the gradient goes to that
-// one input, summed where windows overlap. No parameters.
+// OH = (H - kernel) / stride + 1. Scanning a window in row-major order, a value replaces the
+// running maximum iff it is greater or NaN (PyTorch's CPU rule): the first of equal maxima wins
+// and a NaN wins over every number (the last NaN, if several). The gradient goes to that one
+// input, summed where windows overlap. Workspace: the argmax of every output (int32 index
+// h*W + w within its input plane). No parameters.
 // Throws Error(kInvalidArgument) naming the values for a zero kernel or stride, or a kernel
 // larger than the input.
 std::unique_ptr<Layer> MakeMaxPool2d(const Shape& in, size_t kernel, size_t stride);
@@ -122,8 +124,7 @@ std::unique_ptr<Layer> MakeMaxPool2d(const Shape& in, size_t kernel, size_t stri
 // Inverted dropout (Srivastava et al. 2014; PyTorch's nn.Dropout): when training, element j of
 // global row r is kept iff UnitFloat(Hash(pass.key, r * shape.size() + j)) >= p (layers/rng.h)
 // and y = x * mask with mask 1/(1-p) (float) where kept, 0 where dropped; identity when not
-// training. Same shape,
-// no parameters, no workspace: Backward recomputes the mask from the Pass.
+// training. Same shape, no parameters, no workspace: Backward recomputes the mask from the Pass.
 // Throws Error(kInvalidArgument) for p outside [0, 1).
 std::unique_ptr<Layer> MakeDropout(const Shape& shape, float p);
 
