@@ -35,6 +35,15 @@
 namespace pipesgd::launcher {
 namespace {
 
+// Whether model.device = CUDA can run in this build.
+constexpr bool CudaBackendBuilt() {
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  return true;
+#else
+  return false;
+#endif
+}
+
 namespace pb = google::protobuf;
 using pb::Descriptor;
 using pb::FieldDescriptor;
@@ -563,6 +572,7 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
   using config::Train;
   static const std::unordered_map<const FieldDescriptor*, Rule> rules{
       {Field<Linear>(Linear::kOutFeaturesFieldNumber), IntRange{1, std::nullopt}},
+      {Field<config::Model>(config::Model::kGpuIndexFieldNumber), IntRange{-1, 1023}},
       {Field<Conv2d>(Conv2d::kOutChannelsFieldNumber), IntRange{1, std::nullopt}},
       {Field<Conv2d>(Conv2d::kKernelSizeFieldNumber), IntRange{1, std::nullopt}},
       {Field<Conv2d>(Conv2d::kStrideFieldNumber), IntRange{1, std::nullopt}},
@@ -685,6 +695,21 @@ class Validator {
                                  PathString(*steps)));
       steps->pop_back();
       return;
+    }
+    if (model.device() == config::Model::CUDA && !CudaBackendBuilt()) {
+      steps->push_back({Field<config::Model>(config::Model::kDeviceFieldNumber), -1});
+      Report(*steps, fmt::format("{} = CUDA: this pipesgd was built without the CUDA backend (no "
+                                 "CUDA toolkit at build time, or -DPIPESGD_CUDA=OFF); use CPU or "
+                                 "rebuild with the CUDA toolkit (docs/gpu.md)",
+                                 PathString(*steps)));
+      steps->pop_back();
+    }
+    if (model.gpu_index() != -1 && model.device() != config::Model::CUDA) {
+      steps->push_back({Field<config::Model>(config::Model::kGpuIndexFieldNumber), -1});
+      Report(*steps, fmt::format("{} = {}: applies only to model.device: CUDA (device is {})",
+                                 PathString(*steps), model.gpu_index(),
+                                 config::Model::Device_Name(model.device())));
+      steps->pop_back();
     }
     const int last = model.layers_size() - 1;
     const config::Layer& layer = model.layers(last);

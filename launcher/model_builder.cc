@@ -39,4 +39,34 @@ std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spe
   return stack;
 }
 
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+std::vector<std::unique_ptr<cuda::CudaLayer>> BuildCudaLayers(const config::Model& spec) {
+  std::vector<std::unique_ptr<cuda::CudaLayer>> stack;
+  layers::Shape shape = InputShape(spec);
+  for (const auto& layer : spec.layers()) {
+    if (layer.has_linear()) {
+      stack.push_back(cuda::MakeCudaLinear(shape, layer.linear().out_features()));
+    } else if (layer.has_relu()) {
+      stack.push_back(cuda::MakeCudaRelu(shape));
+    } else if (layer.has_conv2d()) {
+      const auto& c = layer.conv2d();
+      stack.push_back(cuda::MakeCudaConv2d(shape, c.out_channels(), c.kernel_size(), c.stride(),
+                                           c.padding()));
+    } else if (layer.has_max_pool2d()) {
+      const auto& m = layer.max_pool2d();
+      stack.push_back(cuda::MakeCudaMaxPool2d(shape, m.kernel_size(),
+                                              m.stride() == 0 ? m.kernel_size() : m.stride()));
+    } else if (layer.has_dropout()) {
+      stack.push_back(cuda::MakeCudaDropout(shape, layer.dropout().p()));
+    } else if (layer.has_flatten()) {
+      stack.push_back(cuda::MakeCudaFlatten(shape));
+    } else {
+      continue;
+    }
+    shape = stack.back()->out_shape();
+  }
+  return stack;
+}
+#endif
+
 }  // namespace pipesgd::launcher

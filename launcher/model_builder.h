@@ -7,6 +7,9 @@
 
 #include "configs/pipesgd.pb.h"
 #include "layers/layer.h"
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "layers/cuda/cuda_model.h"
+#endif
 
 namespace pipesgd::launcher {
 
@@ -17,5 +20,11 @@ layers::Shape InputShape(const config::Model& spec);
 // activation memory yet; layers::Model allocates that). The config loader has checked that the
 // shapes chain; the layer factories check again and throw Error(kInvalidArgument).
 std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spec);
+
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+// The same stack as BuildLayers with the CUDA twins (layers/cuda/cuda_model.h), for
+// model.device = CUDA: the same shapes and the same parameter layout.
+std::vector<std::unique_ptr<cuda::CudaLayer>> BuildCudaLayers(const config::Model& spec);
+#endif
 
 }  // namespace pipesgd::launcher

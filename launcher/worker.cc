@@ -27,6 +27,11 @@
 #include "core/train/classifier_task.h"
 #include "core/base/timeline.h"
 #include "core/train/trainer.h"
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "core/cuda/cuda_task.h"
+#include "layers/cuda/cuda_model.h"
+#include "layers/cuda/device.h"
+#endif
 #include "launcher/config.h"
 #include "launcher/model_builder.h"
 #include "layers/model.h"
@@ -54,6 +59,22 @@ long ParseIntVar(const char* name, const char* value, long lo, long hi, const ch
   }
   return v;
 }
+
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+// The GPU twin of the CPU model: the same layers (BuildCudaLayers), the same parameter layout.
+std::unique_ptr<cuda::CudaModel> BuildCudaModel(cuda::Context& ctx, const config::Model& spec,
+                                                size_t max_batch) {
+  return std::make_unique<cuda::CudaModel>(ctx, BuildCudaLayers(spec), max_batch);
+}
+
+// model.gpu_index, or LOCAL_RANK (0 when unset) for -1.
+int GpuIndex(const config::Model& spec) {
+  if (spec.gpu_index() >= 0) return spec.gpu_index();
+  const char* local = std::getenv("LOCAL_RANK");
+  if (local == nullptr || *local == '\0') return 0;
+  return static_cast<int>(ParseIntVar("LOCAL_RANK", local, 0, 1023, "an integer in [0, 1023]"));
+}
+#endif
 
 // Refuses a model whose buffers (parameters, momentum, one gradient per pipeline slot, and the
 // activations, their gradients and the layers' workspaces at `max_batch`) cannot fit in this
@@ -455,6 +476,32 @@ void RunWorker(const WorkerArgs& args) {
   model->Init(params, train_cfg.seed());
   train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size,
                              train_cfg.seed(), {data_cfg.input_mean(), data_cfg.input_std()});
+  // model.device = CUDA: the same task and optimizer on the GPU (core/cuda/cuda_task.h); the
+  // CPU task above still provides the sampler's steps per epoch.
+  train::Objective* objective = &task;
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  std::unique_ptr<cuda::Context> gpu;
+  std::unique_ptr<cuda::CudaModel> gpu_model;
+  std::unique_ptr<cuda::DeviceParams> gpu_params;
+  std::unique_ptr<cuda::CudaClassifierTask> gpu_task;
+  if (job.model().device() == config::Model::CUDA) {
+    const int index = GpuIndex(job.model());
+    try {
+      gpu = std::make_unique<cuda::Context>(index);
+    } catch (const Error& e) {
+      throw e.Wrap(fmt::format("rank {}: model.device = CUDA (GPU index {} from {})", env.rank,
+                               index, job.model().gpu_index() >= 0 ? "model.gpu_index"
+                                                                   : "LOCAL_RANK"));
+    }
+    gpu_model = BuildCudaModel(*gpu, job.model(), max_batch);
+    gpu_params = std::make_unique<cuda::DeviceParams>(*gpu, model->num_params());
+    gpu_task = std::make_unique<cuda::CudaClassifierTask>(
+        *gpu, *gpu_model, *gpu_params, train_set, batch, max_batch, env.rank, env.world_size,
+        train_cfg.seed(), data::InputScaling{data_cfg.input_mean(), data_cfg.input_std()});
+    objective = gpu_task.get();
+    PSGD_LOG_INFO("rank {}: model on {}", env.rank, gpu->description());
+  }
+#endif
   const size_t steps_per_epoch = task.steps_per_epoch();
   if (steps_per_epoch == 0) {
     Throw(ErrorCode::kInvalidArgument,
@@ -492,9 +539,14 @@ void RunWorker(const WorkerArgs& args) {
     PSGD_LOG_INFO("ring connected: {} ranks over {}", env.world_size, comm->transport().Describe());
   }
 
-  train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
-                           train_cfg.weight_decay()},
-                          params.size());
+  const layers::SgdOptions sgd_options{train_cfg.learning_rate(), train_cfg.momentum(),
+                                       train_cfg.weight_decay()};
+  std::unique_ptr<train::Optimizer> optimizer;
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  if (gpu) optimizer = std::make_unique<cuda::CudaSgdOptimizer>(*gpu, *gpu_params, sgd_options);
+#endif
+  if (!optimizer) optimizer = std::make_unique<train::SgdOptimizer>(sgd_options, params.size());
+  train::Optimizer& sgd = *optimizer;
   const std::string job_text = JobDescription(job);
   const auto& ckpt_cfg = job.checkpoint();
   const std::filesystem::path ckpt_dir = ckpt_cfg.dir();
@@ -532,7 +584,7 @@ void RunWorker(const WorkerArgs& args) {
     comm->set_timeline(recorder.get());
     task.set_timeline(recorder.get());
   }
-  train::Trainer trainer(*comm, task, sgd, params,
+  train::Trainer trainer(*comm, *objective, sgd, params,
                          {width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
   trainer.set_timeline(recorder.get());
   if (resumed) {
@@ -601,7 +653,15 @@ void RunWorker(const WorkerArgs& args) {
   bool evaluated = false;
   train::WireTotals wire_before;  // at the start of the epoch
   auto evaluate = [&] {
-    layers::EvalResult local = task.EvaluateShard(params, test_set, env.rank, env.world_size);
+    layers::EvalResult local;
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+    if (gpu_task) {
+      local = gpu_task->EvaluateShard(params, test_set, env.rank, env.world_size);
+    } else
+#endif
+    {
+      local = task.EvaluateShard(params, test_set, env.rank, env.world_size);
+    }
     std::vector<float> sums = {static_cast<float>(local.loss_sum),
                                static_cast<float>(local.correct),
                                static_cast<float>(local.count)};

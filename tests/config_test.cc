@@ -654,5 +654,25 @@ TEST_F(ConfigTest, FailedOverrideLeavesNoHalfAddedElement) {
                         "pipesgd.config.Layer message"));
 }
 
+// model.device / model.gpu_index (issue 8): defaults, the GPU index range, gpu_index without
+// CUDA, and CUDA in a build without the backend.
+TEST_F(ConfigTest, ModelDeviceAndGpuIndex) {
+  const config::Job job = LoadJobConfig(Write(kModel), {});
+  EXPECT_EQ(job.model().device(), config::Model::CPU);
+  EXPECT_EQ(job.model().gpu_index(), -1);
+  EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.device=CUDA", "model.gpu_index=1024"}),
+              HasSubstr("model.gpu_index = 1024: expected an integer in [-1, 1023]"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.gpu_index=0"}),
+              HasSubstr("model.gpu_index = 0: applies only to model.device: CUDA (device is CPU)"));
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  const config::Job cuda = LoadJobConfig(Write(kModel), {"model.device=cuda", "model.gpu_index=3"});
+  EXPECT_EQ(cuda.model().device(), config::Model::CUDA);
+  EXPECT_EQ(cuda.model().gpu_index(), 3);
+#else
+  EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.device=CUDA"}),
+              HasSubstr("model.device = CUDA: this pipesgd was built without the CUDA backend"));
+#endif
+}
+
 }  // namespace
 }  // namespace pipesgd::launcher
