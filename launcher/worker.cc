@@ -26,6 +26,8 @@
 #include "core/train/classifier_task.h"
 #include "core/train/trainer.h"
 #include "launcher/config.h"
+#include "launcher/sdpipe_worker.h"
+#include "launcher/worker_detail.h"
 #include "layers/model.h"
 #include "transport/factory.h"
 #include "transport/ifname.h"
@@ -33,7 +35,7 @@
 #include "transport/rendezvous.h"
 
 namespace pipesgd::launcher {
-namespace {
+namespace detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -125,56 +127,26 @@ void WriteFileAtomically(const std::filesystem::path& path, const std::string& c
   }
 }
 
-// The output directory of a job, locked so that two jobs cannot interleave their files, with
-// metrics.jsonl appended and flushed line by line so a crash keeps every finished epoch.
-class OutputDir {
- public:
-  explicit OutputDir(const std::string& dir) : dir_(dir) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", dir, ec.message());
-    const auto lock_path = dir_ / ".pipesgd.lock";
-    lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock_fd_ < 0) {
-      Throw(ErrorCode::kIo, "--out {}: cannot write in the directory: {}", dir, std::strerror(errno));
-    }
-    if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-      Throw(ErrorCode::kIo, "--out {}: another pipesgd job is writing to this directory; use "
-                            "another --out",
-            dir);
-    }
-    const auto metrics = dir_ / "metrics.jsonl";
-    metrics_ = std::fopen(metrics.c_str(), "w");
-    if (!metrics_) {
-      Throw(ErrorCode::kIo, "cannot write {}: {}", metrics.string(), std::strerror(errno));
-    }
-  }
-  ~OutputDir() {
-    if (metrics_) std::fclose(metrics_);
-    if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock
-  }
-  OutputDir(const OutputDir&) = delete;
-  OutputDir& operator=(const OutputDir&) = delete;
 
-  void AppendMetrics(const nlohmann::json& line) {
-    const std::string text = line.dump() + "\n";
-    if (std::fwrite(text.data(), 1, text.size(), metrics_) != text.size() ||
-        std::fflush(metrics_) != 0) {
-      Throw(ErrorCode::kIo, "cannot write {}: {}", (dir_ / "metrics.jsonl").string(),
-            std::strerror(errno));
+train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size) {
+  train::StragglerOptions o;
+  const config::Straggler& st = job.straggler();
+  for (int r : st.ranks()) {
+    if (r < 0 || r >= world_size) {
+      Throw(ErrorCode::kInvalidArgument,
+            "straggler.ranks has rank {}: expected ranks in [0, world size {})", r, world_size);
     }
+    o.ranks.push_back(r);
   }
-  void WriteSummary(const nlohmann::json& summary) {
-    WriteFileAtomically(dir_ / "summary.json", summary.dump(2) + "\n");
-  }
+  o.sleep_s = st.sleep_s();
+  o.probability = st.probability();
+  o.seed = st.seed();
+  return o;
+}
 
- private:
-  std::filesystem::path dir_;
-  int lock_fd_ = -1;
-  std::FILE* metrics_ = nullptr;
-};
+}  // namespace detail
 
-}  // namespace
+using namespace detail;
 
 std::string JobDescription(const config::Job& job) {
   config::Job copy = job;
@@ -209,10 +181,9 @@ transport::TransportKind ResolveTransport(const config::Comm& comm, int rank) {
   Throw(ErrorCode::kInvalidArgument, "comm.transport = {}: unknown", static_cast<int>(comm.transport()));
 }
 
-std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
-                                                      const collective::CommunicatorOptions& options,
-                                                      const config::Comm& comm, Deadline deadline,
-                                                      const std::string& timeout_setting) {
+ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, int streams,
+                                    const config::Comm& comm, const std::vector<int>& peers,
+                                    Deadline deadline, const std::string& timeout_setting) {
   transport::TransportOptions topt;
   topt.kind = ResolveTransport(comm, env.rank);
   topt.rank = env.rank;
@@ -263,8 +234,8 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
                     ? ""
                     : fmt::format(", interface {}, address {}", iface_name, iface_address),
                 source.empty() ? "" : fmt::format(" ({} = {})", source, filter->ToString()));
-  topt.peers = collective::Communicator::RingPeers(env.rank, env.world_size);
-  topt.streams = options.streams;
+  topt.peers = peers;
+  topt.streams = streams;
   topt.ib_device = comm.ib_device();
   topt.ib_port = comm.ib_port();
   topt.gid_index = comm.gid_index();
@@ -276,7 +247,23 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
                                    env.job_token};
   try {
     auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
-    return collective::Communicator::Create(std::move(transport), env.world_size, addresses,
+    return {std::move(transport), std::move(addresses), topt.bind_host};
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+    throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
+  }
+}
+
+std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
+                                                      const collective::CommunicatorOptions& options,
+                                                      const config::Comm& comm, Deadline deadline,
+                                                      const std::string& timeout_setting) {
+  ConnectedTransport t =
+      ConnectTransport(env, job, options.streams, comm,
+                       collective::Communicator::RingPeers(env.rank, env.world_size), deadline,
+                       timeout_setting);
+  try {
+    return collective::Communicator::Create(std::move(t.transport), env.world_size, t.addresses,
                                             options, deadline);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
@@ -380,6 +367,10 @@ void RunWorker(const WorkerArgs& args) {
   const auto& train_cfg = job.train();
   const auto& comm_cfg = job.comm();
   const int width = train_cfg.pipeline_width();
+  if (train_cfg.mode() == config::SDPIPE) {
+    RunSdpipeWorker(args, env, job, start);
+    return;
+  }
   if (lead) {
     PSGD_LOG_INFO("pipesgd worker: world size {}, pipeline width {} ({}), comm.transport {}",
                   env.world_size, width, width == 1 ? "synchronous SGD" : "Pipe-SGD",
@@ -407,6 +398,7 @@ void RunWorker(const WorkerArgs& args) {
   model->Init(params, train_cfg.seed());
   train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size,
                              train_cfg.seed(), {data_cfg.input_mean(), data_cfg.input_std()});
+  train::StragglerObjective objective(task, StragglerFromConfig(job, env.world_size), env.rank);
   const size_t steps_per_epoch = task.steps_per_epoch();
   if (steps_per_epoch == 0) {
     Throw(ErrorCode::kInvalidArgument,
@@ -477,7 +469,7 @@ void RunWorker(const WorkerArgs& args) {
     comm->RestoreResidual({resumed->residual().data(), static_cast<size_t>(resumed->residual_size())});
     comm->RestoreSequence(resumed->collective_sequence());
   }
-  train::Trainer trainer(*comm, task, sgd, params,
+  train::Trainer trainer(*comm, objective, sgd, params,
                          {width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
   if (resumed) {
     train::TrainerSnapshot snapshot;

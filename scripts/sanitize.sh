@@ -20,8 +20,8 @@ if [[ "$WHICH" == tsan || "$WHICH" == all ]]; then
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DPIPESGD_SANITIZE=thread >/dev/null
   cmake --build build-tsan --parallel "$jobs" --target trainer_test ring_allreduce_test \
-    ring_compression_test failure_test
+    ring_compression_test failure_test sdpipe_test
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-    -R "StaleRecurrence|Divergence|DataParallel|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall"
+    -R "StaleRecurrence|Divergence|DataParallel|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall|SdpipeService|GroupAveraging|SdpipeTrainer"
 fi
