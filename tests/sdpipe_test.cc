@@ -45,6 +45,7 @@ GroupSchedulerOptions Options(int n, int period) {
   GroupSchedulerOptions o;
   o.world_size = n;
   o.period = period;
+  o.min_group = std::min(2, n);
   return o;
 }
 
@@ -60,25 +61,34 @@ std::string ErrorOf(const std::function<void()>& fn) {
 // --- the scheduler service ------------------------------------------------------------------
 
 TEST(SdpipeService, EveryMemberGetsTheSameSortedGroup) {
-  GroupSchedulerService service(Options(4, 1), 1, "127.0.0.1", "");
-  std::vector<std::vector<std::vector<int>>> got(4);
+  GroupSchedulerOptions o = Options(4, 1);
+  o.total_updates = 12;  // 3 rounds of everyone, then the last barrier
+  GroupSchedulerService service(o, 1, "127.0.0.1", "");
+  std::vector<std::vector<GroupDecision>> got(4);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 4; ++r) {
     ranks.emplace_back([&, r] {
       GroupSchedulerClient client("127.0.0.1", service.port(), r, 4, "", Deadline::After(10));
-      for (int step = 1; step <= 3; ++step) {
+      for (int step = 1; step <= 4; ++step) {
         // Stagger the arrivals: P = 1 still waits for everyone.
         std::this_thread::sleep_for(std::chrono::milliseconds(5 * r));
-        got[r].push_back(client.Request(0, step, Deadline::After(10)).members);
+        got[r].push_back(client.Request(0, step, Deadline::After(10)));
       }
     });
   }
   for (auto& t : ranks) t.join();
   for (int r = 0; r < 4; ++r) {
-    ASSERT_EQ(got[r].size(), 3u);
-    for (const auto& g : got[r]) EXPECT_EQ(g, (std::vector<int>{0, 1, 2, 3})) << "rank " << r;
+    ASSERT_EQ(got[r].size(), 4u);
+    for (int k = 0; k < 4; ++k) {
+      EXPECT_EQ(got[r][k].members, (std::vector<int>{0, 1, 2, 3})) << "rank " << r;
+      EXPECT_EQ(got[r][k].round, k);
+      EXPECT_EQ(got[r][k].stop, k == 3);
+    }
+    EXPECT_EQ(got[r][3].kind, train::RoundKind::kBarrier);
   }
-  EXPECT_EQ(service.decisions().size(), 3u);
+  EXPECT_EQ(service.decisions().size(), 4u);
+  // Every rank closed its connection after the last round: not a failure.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(service.error(), "");
 }
 
