@@ -11,17 +11,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLOW="${1:?usage: bench/sdpipe_lab.sh SLOW(1|2) [RATE]}"
-RATE="${2:-1gbit}"
+RATE="${2:-10gbit}"
 [[ "$SLOW" == 1 || "$SLOW" == 2 ]] || { echo "SLOW must be 1 or 2" >&2; exit 2; }
 BIN=build/launcher/pipesgd
 CONFIG=configs/fashion_mnist_mlp.pbtxt
 export LAB_PREFIX="${LAB_PREFIX:-psgd10}" LAB_SUBNET="${LAB_SUBNET:-10.81.0}"
-OUT=docs/results/sdpipe_lab_slow${SLOW}
+OUT=docs/results/sdpipe_lab_slow${SLOW}${TAG:+_$TAG}   # TAG: a suffix for variants
 TARGET="${TARGET:-0.80}"   # test accuracy that counts as reached
-EPOCHS="${EPOCHS:-8}"
-# The same job for every mode: 6000 training samples (93 steps of 4 x 16 per epoch), 2000 test
-# samples evaluated at each epoch end, so accuracy is sampled often enough for time-to-target.
-COMMON=(--set data.train_limit=6000 --set data.test_limit=2000 --set "train.epochs=$EPOCHS"
+EPOCHS="${EPOCHS:-8}" LIMIT="${LIMIT:-12000}" BATCH="${BATCH:-64}" LR="${LR:-0.1}"
+# The same job for every mode: LIMIT training samples, BATCH per rank per step (large enough that
+# a step's compute, which the slow nodes stretch, outweighs its communication), 2000 test samples
+# evaluated at each epoch end, so accuracy is sampled often enough for time-to-target.
+COMMON=(--set "data.train_limit=$LIMIT" --set data.test_limit=2000 --set "train.epochs=$EPOCHS"
+        --set "train.batch_size=$BATCH" --set "train.learning_rate=$LR"
         --set train.progress_per_epoch=0 --set comm.timeout_s=600)
 FAST=0.5 SLOWCPU=0.125
 if [[ "$SLOW" == 1 ]]; then CAPS=($FAST $FAST $FAST $SLOWCPU); else CAPS=($FAST $FAST $SLOWCPU $SLOWCPU); fi
@@ -51,9 +53,9 @@ run_mode pipe  --set train.mode=RING --set train.pipeline_width=2
 run_mode sdpipe --set train.mode=SDPIPE
 
 mkdir -p docs/results
-python3 - "$tmp" "$OUT" "$SLOW" "$RATE" "$TARGET" "$EPOCHS" "$goodput_gbps" "${CAPS[*]}" <<'PY'
+python3 - "$tmp" "$OUT" "$SLOW" "$RATE" "$TARGET" "$EPOCHS" "$goodput_gbps" "${CAPS[*]}" "$LIMIT" "$BATCH" "$LR" <<'PY'
 import json, sys, datetime
-tmp, out, slow, rate, target, epochs, goodput, caps = sys.argv[1:9]
+tmp, out, slow, rate, target, epochs, goodput, caps, limit, batch, lr = sys.argv[1:12]
 target = float(target)
 names = {"ring": "ring synchronous (width 1)", "pipe": "Pipe-SGD (width 2)", "sdpipe": "SDPipe (P = 10)"}
 runs = {}
@@ -61,7 +63,7 @@ for m in names:
     metrics = [json.loads(l) for l in open(f"{tmp}/{m}/metrics.jsonl")]
     summary = json.load(open(f"{tmp}/{m}/summary.json"))
     reached = next((x["wall_s"] for x in metrics if x["test_accuracy"] >= target), None)
-    samples = metrics[-1]["steps"] * 4 * 16
+    samples = metrics[-1]["steps"] * 4 * int(batch)
     runs[m] = {"metrics": metrics, "summary": {k: v for k, v in summary.items() if k != "config"},
                "time_to_target_s": reached, "final_accuracy": summary["final_test_accuracy"],
                "train_wall_s": summary["train_wall_s"],
@@ -88,11 +90,12 @@ md = [f"# SDPipe on the emulated 4-node lab, {slow} slow node{'s' if slow != '1'
       f"Measured {datetime.date.today()} on a 2-core Debian 12 machine: 4 network namespaces on a bridge,",
       f"links shaped to {rate} (iperf3 goodput {goodput} Gbit/s), one rank per node, TCP; CPU caps per",
       f"node (scripts/lab cpu, CPUs): {caps} (a slow node has a quarter of a fast one's CPU). The",
-      "Fashion-MNIST MLP of configs/fashion_mnist_mlp.pbtxt (784-256-128-10, batch 16 per rank, lr 0.05,",
-      f"momentum 0.5) on the first 6000 training samples, {epochs} epochs, evaluated on 2000 test samples",
+      f"Fashion-MNIST MLP of configs/fashion_mnist_mlp.pbtxt (784-256-128-10, batch {batch} per rank, lr {lr},",
+      f"momentum 0.5) on the first {limit} training samples, {epochs} epochs, evaluated on 2000 test samples",
       "at every epoch end (SDPipe: an epoch is the same number of samples over all ranks, ended by a",
       "barrier of everyone). Command:", "",
-      "```", f"flock -x /tmp/pipesgd-cpu.lock bench/sdpipe_lab.sh {slow} {rate}", "```", "",
+      "```", f"{'TAG=' + out.split('_slow')[1].split('_', 1)[1] + ' ' if '_' in out.split('_slow')[1] else ''}LIMIT={limit} BATCH={batch} LR={lr} EPOCHS={epochs} TARGET={target} \\",
+      f"  flock -x /tmp/pipesgd-cpu.lock bench/sdpipe_lab.sh {slow} {rate}", "```", "",
       f"![accuracy against wall-clock time, and SDPipe's group sizes]({out.split('/')[-1]}.png)", "",
       f"| mode | time to {target:.2f} accuracy (s) | vs ring | final accuracy | training wall (s) | throughput (samples/s) |",
       "|---|---:|---:|---:|---:|---:|"]
