@@ -350,6 +350,7 @@ GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline de
   request.set_stage(stage);
   request.set_step(step);
   request.set_token(c.token);
+  const double budget_s = deadline.remaining_s();
   sdpipe::GroupReply reply;
   std::exception_ptr write_error, read_error;
   bool written = false, read = false;
@@ -364,14 +365,14 @@ GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline de
   const bool ok = transport::RunUntil(c.io, &read, deadline);
   if (!ok) {
     c.failed = true;
-    c.failure = fmt::format("waited {:.0f} s for its group (step {}) from {}",
-                            deadline.remaining_s(), step, c.where);
+    c.failure = fmt::format("waited {:.1f} s for its group (step {}) from {}", budget_s, step,
+                            c.where);
     boost::system::error_code ignored;
     c.socket.close(ignored);
     c.io.poll();
     Throw(ErrorCode::kDeadlineExceeded,
-          "rank {}: no group from {} for step {} before the deadline (is a rank stuck?)", c.rank,
-          c.where, step);
+          "rank {}: no group from {} for step {} within {:.1f} s (is a rank stuck?)", c.rank,
+          c.where, step, budget_s);
   }
   if (read_error) {
     c.failed = true;
