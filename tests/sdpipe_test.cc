@@ -201,11 +201,17 @@ TEST(GroupAveraging, PreservesTheMeanExactlyAndLeavesNonMembersUntouched) {
   auto results = RunRanks(kWorld, [&](const RankContext& ctx) {
     collective::CommunicatorOptions options;
     options.chunk_bytes = 1024;  // several chunks per block
+    // A separate job ring (its own transport) keeps the scripted rounds in step, as the
+    // scheduler does in a job: a rank learns a group only once every member has finished its
+    // previous round, so no rank dials a peer that is still connecting for an earlier group.
+    auto barrier = testing::ConnectRing(ctx);
     auto comm = ConnectGroup(ctx, options);
     std::vector<float> x(kCount);
     for (size_t i = 0; i < kCount; ++i) x[i] = initial(ctx.rank, i);
     std::vector<float> out;
     for (const auto& round : rounds) {
+      std::vector<float> token = {0};
+      barrier->AllReduce(token, collective::ReduceOp::kSum, Deadline::After(30));
       for (const auto& group : round) {
         if (std::find(group.begin(), group.end(), ctx.rank) == group.end()) continue;
         comm->AllReduce(x, collective::ReduceOp::kAverage, group, Deadline::After(30));

@@ -27,8 +27,11 @@ GroupCommunicator::GroupCommunicator(std::unique_ptr<transport::Transport> trans
 }
 
 GroupCommunicator::~GroupCommunicator() {
-  rings_.clear();        // they point into connections_ and the transport
-  connections_.clear();  // before the transport
+  // Connections first: after a failed collective a ring's ops may still be queued on them, and
+  // closing a connection completes (touches) its queued ops, which the rings own. The rings'
+  // destructors touch neither the connections nor their ops.
+  connections_.clear();
+  rings_.clear();
 }
 
 std::vector<int> GroupCommunicator::connected_peers() const {

@@ -65,8 +65,7 @@ class GroupCommunicator {
   std::vector<std::string> addresses_;
   CommunicatorOptions options_;
   std::map<int, std::vector<std::unique_ptr<transport::Connection>>> connections_;
-  std::map<std::vector<int>, std::unique_ptr<Communicator>> rings_;  // after connections_:
-                                                                     // destroyed first
+  std::map<std::vector<int>, std::unique_ptr<Communicator>> rings_;
   std::vector<float> residual_;
   WireStats stats_;
 };
