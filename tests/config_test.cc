@@ -488,10 +488,10 @@ TEST_F(ConfigTest, OverrideWithUnknownFieldListsTheFields) {
   EXPECT_STREQ(LoadError(kShipped, {"train.pipeline_widht=1"}).what(),
                "--set train.pipeline_widht=1: no field 'pipeline_widht' in pipesgd.config.Train "
                "(fields: batch_size, learning_rate, momentum, weight_decay, epochs, seed, "
-               "pipeline_width, max_steps, progress_per_epoch)");
+               "pipeline_width, max_steps, progress_per_epoch, mode)");
   EXPECT_STREQ(LoadError(kShipped, {"trian.epochs=1"}).what(),
                "--set trian.epochs=1: no field 'trian' in pipesgd.config.Job "
-               "(fields: model, data, train, comm, checkpoint)");
+               "(fields: model, data, train, comm, checkpoint, sdpipe, straggler)");
 }
 
 TEST_F(ConfigTest, OverrideOutOfRangeNamesTheOverride) {
@@ -554,8 +554,10 @@ TEST_F(ConfigTest, FailedOverrideLeavesNoHalfAddedElement) {
 }  // namespace
 }  // namespace pipesgd::launcher
 
-namespace pipesgd {
+namespace pipesgd::launcher {
 namespace {
+
+using ::testing::HasSubstr;
 
 // train.mode, job.sdpipe and job.straggler (issue 10): defaults, and bad values named.
 TEST(SdpipeConfig, DefaultsAreTheNotesAndBadValuesAreNamed) {
@@ -604,4 +606,4 @@ TEST(SdpipeConfig, DefaultsAreTheNotesAndBadValuesAreNamed) {
 }
 
 }  // namespace
-}  // namespace pipesgd
+}  // namespace pipesgd::launcher
