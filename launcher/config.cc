@@ -610,6 +610,16 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<config::Checkpoint>(config::Checkpoint::kEveryStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<config::Checkpoint>(config::Checkpoint::kEveryEpochsFieldNumber), IntRange{0, std::nullopt}},
       {Field<config::Checkpoint>(config::Checkpoint::kKeepFieldNumber), IntRange{1, 1000}},
+      {Field<config::Sdpipe>(config::Sdpipe::kPeriodFieldNumber), IntRange{1, 1000000}},
+      {Field<config::Sdpipe>(config::Sdpipe::kWindowMinSFieldNumber), RealRange{0, false, std::nullopt}},
+      {Field<config::Sdpipe>(config::Sdpipe::kWindowMaxSFieldNumber), RealRange{0, false, 3600.0}},
+      {Field<config::Sdpipe>(config::Sdpipe::kWindowInitSFieldNumber), RealRange{0, false, 3600.0}},
+      {Field<config::Sdpipe>(config::Sdpipe::kWindowGrowFieldNumber), RealRange{1, true, std::nullopt}},
+      {Field<config::Sdpipe>(config::Sdpipe::kWindowShrinkFieldNumber), RealRange{0, false, std::nullopt}},
+      {Field<config::Sdpipe>(config::Sdpipe::kMinGroupFieldNumber), IntRange{1, std::nullopt}},
+      {Field<config::Straggler>(config::Straggler::kRanksFieldNumber), IntRange{0, std::nullopt}},
+      {Field<config::Straggler>(config::Straggler::kSleepSFieldNumber), RealRange{0, true, 60.0}},
+      {Field<config::Straggler>(config::Straggler::kProbabilityFieldNumber), RealRange{0, true, std::nullopt}},
       // seed: any uint64; transport: the parser admits only declared enum values.
   };
   return rules;
@@ -657,6 +667,16 @@ class Validator {
       CheckLayer(static_cast<const config::Layer&>(message), steps);
     } else if (type == config::Comm::descriptor()) {
       CheckComm(static_cast<const config::Comm&>(message), steps);
+    } else if (type == config::Sdpipe::descriptor()) {
+      CheckSdpipe(static_cast<const config::Sdpipe&>(message), steps);
+    } else if (type == config::Straggler::descriptor()) {
+      const auto& st = static_cast<const config::Straggler&>(message);
+      if (st.probability() > 1) {
+        steps->push_back({Field<config::Straggler>(config::Straggler::kProbabilityFieldNumber), -1});
+        Report(*steps, fmt::format("{} = {}: expected a probability in [0, 1]",
+                                   PathString(*steps), st.probability()));
+        steps->pop_back();
+      }
     }
 
     const Reflection* reflection = message.GetReflection();
@@ -849,6 +869,28 @@ class Validator {
         Report(*steps, e.what());
       }
       steps->pop_back();
+    }
+  }
+
+  // The window's bounds must hold together (each alone is checked by its rule).
+  void CheckSdpipe(const config::Sdpipe& sd, std::vector<Step>* steps) {
+    auto report = [&](int number, std::string what) {
+      steps->push_back({Field<config::Sdpipe>(number), -1});
+      Report(*steps, fmt::format("{} {}", PathString(*steps), what));
+      steps->pop_back();
+    };
+    if (sd.window_shrink() > 1) {
+      report(config::Sdpipe::kWindowShrinkFieldNumber,
+             fmt::format("= {}: expected a factor in (0, 1]", sd.window_shrink()));
+    }
+    if (sd.window_max_s() < sd.window_min_s()) {
+      report(config::Sdpipe::kWindowMaxSFieldNumber,
+             fmt::format("= {}: expected >= sdpipe.window_min_s = {}", sd.window_max_s(),
+                         sd.window_min_s()));
+    } else if (sd.window_init_s() < sd.window_min_s() || sd.window_init_s() > sd.window_max_s()) {
+      report(config::Sdpipe::kWindowInitSFieldNumber,
+             fmt::format("= {}: expected seconds in [window_min_s, window_max_s] = [{}, {}]",
+                         sd.window_init_s(), sd.window_min_s(), sd.window_max_s()));
     }
   }
 

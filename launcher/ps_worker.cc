@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/base/check.h"
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "core/base/timeline.h"
@@ -64,10 +65,7 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
   const auto& train_cfg = job.train();
   const auto& comm_cfg = job.comm();
   const auto& data_cfg = job.data();
-  if (train_cfg.mode() == config::SDPIPE) {
-    Throw(ErrorCode::kInvalidArgument,
-          "train.mode = SDPIPE: not built into this pipesgd (expected RING, PS_SYNC or PS_ASYNC)");
-  }
+  PSGD_CHECK(train_cfg.mode() == config::PS_SYNC || train_cfg.mode() == config::PS_ASYNC);
   const bool sync = train_cfg.mode() == config::PS_SYNC;
   const char* mode_name = sync ? "PS_SYNC" : "PS_ASYNC";
   if (env.world_size < 2) {

@@ -34,6 +34,8 @@
 #endif
 #include "launcher/config.h"
 #include "launcher/model_builder.h"
+#include "launcher/sdpipe_worker.h"
+#include "launcher/worker_detail.h"
 #include "layers/model.h"
 #include "transport/factory.h"
 #include "transport/ifname.h"
@@ -41,7 +43,7 @@
 #include "transport/rendezvous.h"
 
 namespace pipesgd::launcher {
-namespace {
+namespace detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -136,56 +138,26 @@ void WriteFileAtomically(const std::filesystem::path& path, const std::string& c
   }
 }
 
-// The output directory of a job, locked so that two jobs cannot interleave their files, with
-// metrics.jsonl appended and flushed line by line so a crash keeps every finished epoch.
-class OutputDir {
- public:
-  explicit OutputDir(const std::string& dir) : dir_(dir) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", dir, ec.message());
-    const auto lock_path = dir_ / ".pipesgd.lock";
-    lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock_fd_ < 0) {
-      Throw(ErrorCode::kIo, "--out {}: cannot write in the directory: {}", dir, std::strerror(errno));
-    }
-    if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-      Throw(ErrorCode::kIo, "--out {}: another pipesgd job is writing to this directory; use "
-                            "another --out",
-            dir);
-    }
-    const auto metrics = dir_ / "metrics.jsonl";
-    metrics_ = std::fopen(metrics.c_str(), "w");
-    if (!metrics_) {
-      Throw(ErrorCode::kIo, "cannot write {}: {}", metrics.string(), std::strerror(errno));
-    }
-  }
-  ~OutputDir() {
-    if (metrics_) std::fclose(metrics_);
-    if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock
-  }
-  OutputDir(const OutputDir&) = delete;
-  OutputDir& operator=(const OutputDir&) = delete;
 
-  void AppendMetrics(const nlohmann::json& line) {
-    const std::string text = line.dump() + "\n";
-    if (std::fwrite(text.data(), 1, text.size(), metrics_) != text.size() ||
-        std::fflush(metrics_) != 0) {
-      Throw(ErrorCode::kIo, "cannot write {}: {}", (dir_ / "metrics.jsonl").string(),
-            std::strerror(errno));
+train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size) {
+  train::StragglerOptions o;
+  const config::Straggler& st = job.straggler();
+  for (int r : st.ranks()) {
+    if (r < 0 || r >= world_size) {
+      Throw(ErrorCode::kInvalidArgument,
+            "straggler.ranks has rank {}: expected ranks in [0, world size {})", r, world_size);
     }
+    o.ranks.push_back(r);
   }
-  void WriteSummary(const nlohmann::json& summary) {
-    WriteFileAtomically(dir_ / "summary.json", summary.dump(2) + "\n");
-  }
+  o.sleep_s = st.sleep_s();
+  o.probability = st.probability();
+  o.seed = st.seed();
+  return o;
+}
 
- private:
-  std::filesystem::path dir_;
-  int lock_fd_ = -1;
-  std::FILE* metrics_ = nullptr;
-};
+}  // namespace detail
 
-}  // namespace
+using namespace detail;
 
 std::string JobDescription(const config::Job& job) {
   config::Job copy = job;
@@ -220,13 +192,9 @@ transport::TransportKind ResolveTransport(const config::Comm& comm, int rank) {
   Throw(ErrorCode::kInvalidArgument, "comm.transport = {}: unknown", static_cast<int>(comm.transport()));
 }
 
-namespace {
-
-// The transport of comm.transport on the chosen interface, created for `peers`, and every
-// rank's address from the rendezvous (see ConnectRing).
-std::pair<std::unique_ptr<transport::Transport>, std::vector<std::string>> CreateAndMeet(
-    const JobEnv& env, const std::string& job, const std::vector<int>& peers, int streams,
-    const config::Comm& comm, Deadline deadline, const std::string& timeout_setting) {
+ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, int streams,
+                                    const config::Comm& comm, const std::vector<int>& peers,
+                                    Deadline deadline, const std::string& timeout_setting) {
   transport::TransportOptions topt;
   topt.kind = ResolveTransport(comm, env.rank);
   topt.rank = env.rank;
@@ -290,24 +258,23 @@ std::pair<std::unique_ptr<transport::Transport>, std::vector<std::string>> Creat
                                    env.job_token};
   try {
     auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
-    return {std::move(transport), std::move(addresses)};
+    return {std::move(transport), std::move(addresses), topt.bind_host};
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
     throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
   }
 }
 
-}  // namespace
-
 std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
                                                       const collective::CommunicatorOptions& options,
                                                       const config::Comm& comm, Deadline deadline,
                                                       const std::string& timeout_setting) {
-  auto [transport, addresses] =
-      CreateAndMeet(env, job, collective::Communicator::RingPeers(env.rank, env.world_size),
-                    options.streams, comm, deadline, timeout_setting);
+  ConnectedTransport t =
+      ConnectTransport(env, job, options.streams, comm,
+                       collective::Communicator::RingPeers(env.rank, env.world_size), deadline,
+                       timeout_setting);
   try {
-    return collective::Communicator::Create(std::move(transport), env.world_size, addresses,
+    return collective::Communicator::Create(std::move(t.transport), env.world_size, t.addresses,
                                             options, deadline);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
@@ -319,7 +286,7 @@ PeerLinks ConnectPeers(const JobEnv& env, const std::string& job, const std::vec
                        const config::Comm& comm, Deadline deadline,
                        const std::string& timeout_setting) {
   PeerLinks links;
-  auto [transport, addresses] = CreateAndMeet(env, job, peers, 1, comm, deadline, timeout_setting);
+  auto [transport, addresses, bind_host] = ConnectTransport(env, job, 1, comm, peers, deadline, timeout_setting);
   std::vector<std::pair<int, std::string>> targets;
   for (int p : peers) targets.emplace_back(p, addresses.at(p));
   try {
@@ -428,8 +395,12 @@ void RunWorker(const WorkerArgs& args) {
   const auto& train_cfg = job.train();
   const auto& comm_cfg = job.comm();
   const int width = train_cfg.pipeline_width();
+  if (train_cfg.mode() == config::SDPIPE) {
+    RunSdpipeWorker(args, env, job, start);
+    return;
+  }
   if (train_cfg.mode() != config::RING) {
-    // The baselines (issue 6) and other schemes live in their own files.
+    // The parameter-server baselines live in their own file.
     RunPsWorker(args, env, job);
     return;
   }
@@ -478,7 +449,7 @@ void RunWorker(const WorkerArgs& args) {
                              train_cfg.seed(), {data_cfg.input_mean(), data_cfg.input_std()});
   // model.device = CUDA: the same task and optimizer on the GPU (core/cuda/cuda_task.h); the
   // CPU task above still provides the sampler's steps per epoch.
-  train::Objective* objective = &task;
+  train::Objective* inner = &task;
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
   std::unique_ptr<cuda::Context> gpu;
   std::unique_ptr<cuda::CudaModel> gpu_model;
@@ -498,10 +469,13 @@ void RunWorker(const WorkerArgs& args) {
     gpu_task = std::make_unique<cuda::CudaClassifierTask>(
         *gpu, *gpu_model, *gpu_params, train_set, batch, max_batch, env.rank, env.world_size,
         train_cfg.seed(), data::InputScaling{data_cfg.input_mean(), data_cfg.input_std()});
-    objective = gpu_task.get();
+    inner = gpu_task.get();
     PSGD_LOG_INFO("rank {}: model on {}", env.rank, gpu->description());
   }
 #endif
+  // Stragglers (job.straggler) sleep before some steps, for experiments; a no-op otherwise.
+  train::StragglerObjective straggler(*inner, StragglerFromConfig(job, env.world_size), env.rank);
+  train::Objective* objective = &straggler;
   const size_t steps_per_epoch = task.steps_per_epoch();
   if (steps_per_epoch == 0) {
     Throw(ErrorCode::kInvalidArgument,

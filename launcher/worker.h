@@ -55,6 +55,18 @@ std::string JobDescription(const config::Job& job);
 // (e.g. "comm.start_timeout_s = 60 s"). Throws what transport::CreateTransport,
 // RendezvousAllGather and Communicator::Create throw, and kInvalidArgument for an interface
 // filter that admits no interface.
+// The first half of ConnectRing: the transport, created for `peers` (the ranks it will connect
+// to; ibverbs needs them up front) with `streams` connections per peer, and every rank's
+// address from the rendezvous. Nothing is connected yet.
+struct ConnectedTransport {
+  std::unique_ptr<transport::Transport> transport;
+  std::vector<std::string> addresses;  // index = rank
+  std::string bind_host;               // tcp: the address this rank listens on
+};
+ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, int streams,
+                                    const config::Comm& comm, const std::vector<int>& peers,
+                                    Deadline deadline, const std::string& timeout_setting);
+
 std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
                                                       const collective::CommunicatorOptions& options,
                                                       const config::Comm& comm, Deadline deadline,

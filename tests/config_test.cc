@@ -594,7 +594,7 @@ TEST_F(ConfigTest, OverrideWithUnknownFieldListsTheFields) {
                "pipeline_width, max_steps, progress_per_epoch, mode)");
   EXPECT_STREQ(LoadError(kShipped, {"trian.epochs=1"}).what(),
                "--set trian.epochs=1: no field 'trian' in pipesgd.config.Job "
-               "(fields: model, data, train, comm, checkpoint)");
+               "(fields: model, data, train, comm, checkpoint, sdpipe, straggler)");
 }
 
 TEST_F(ConfigTest, OverrideOutOfRangeNamesTheOverride) {
@@ -672,6 +672,59 @@ TEST_F(ConfigTest, ModelDeviceAndGpuIndex) {
   EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.device=CUDA"}),
               HasSubstr("model.device = CUDA: this pipesgd was built without the CUDA backend"));
 #endif
+}
+
+}  // namespace
+}  // namespace pipesgd::launcher
+
+namespace pipesgd::launcher {
+namespace {
+
+using ::testing::HasSubstr;
+
+// train.mode, job.sdpipe and job.straggler (issue 10): defaults, and bad values named.
+TEST(SdpipeConfig, DefaultsAreTheNotesAndBadValuesAreNamed) {
+  const std::string shipped =
+      std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp.pbtxt";
+  config::Job job = LoadJobConfig(shipped, {});
+  EXPECT_EQ(job.train().mode(), config::RING);
+  EXPECT_EQ(job.sdpipe().period(), 10);
+  EXPECT_EQ(job.sdpipe().window_init_s(), 0.001);
+  EXPECT_EQ(job.sdpipe().window_min_s(), 0.00001);
+  EXPECT_EQ(job.sdpipe().window_max_s(), 0.01);
+  EXPECT_EQ(job.sdpipe().window_grow(), 2);
+  EXPECT_EQ(job.sdpipe().window_shrink(), 0.9);
+  EXPECT_EQ(job.sdpipe().min_group(), 2);
+  EXPECT_EQ(job.straggler().ranks_size(), 0);
+  EXPECT_EQ(job.straggler().probability(), 0.1);
+  job = LoadJobConfig(shipped, {"train.mode=sdpipe", "straggler.ranks[0]=3",
+                                "straggler.sleep_s=0.5"});
+  EXPECT_EQ(job.train().mode(), config::SDPIPE);
+  EXPECT_EQ(job.straggler().ranks(0), 3);
+  auto message = [&](const std::vector<std::string>& sets) -> std::string {
+    try {
+      LoadJobConfig(shipped, sets);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(message({"train.mode=ps_sync"}), "(accepted)");
+  EXPECT_THAT(message({"sdpipe.period=0"}), HasSubstr("sdpipe.period"));
+  EXPECT_THAT(message({"sdpipe.window_shrink=1.5"}),
+              HasSubstr("sdpipe.window_shrink = 1.5: expected a factor in (0, 1]"));
+  EXPECT_THAT(message({"sdpipe.window_init_s=0.5"}),
+              HasSubstr("sdpipe.window_init_s = 0.5: expected seconds in [window_min_s, "
+                        "window_max_s] = [1e-05, 0.01]"));
+  EXPECT_THAT(message({"sdpipe.window_max_s=0.000001"}),
+              HasSubstr("sdpipe.window_max_s = 1e-06: expected >= sdpipe.window_min_s = 1e-05"));
+  EXPECT_THAT(message({"sdpipe.window_grow=0.5"}), HasSubstr("sdpipe.window_grow"));
+  EXPECT_THAT(message({"sdpipe.min_group=0"}), HasSubstr("sdpipe.min_group"));
+  EXPECT_THAT(message({"straggler.probability=2"}),
+              HasSubstr("straggler.probability = 2: expected a probability in [0, 1]"));
+  EXPECT_THAT(message({"straggler.sleep_s=-1"}), HasSubstr("straggler.sleep_s"));
+  EXPECT_THAT(message({"straggler.ranks[0]=-2"}), HasSubstr("straggler.ranks[0]"));
 }
 
 }  // namespace

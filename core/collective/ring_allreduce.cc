@@ -86,6 +86,7 @@ std::unique_ptr<Communicator> Communicator::Create(
   std::unique_ptr<Communicator> comm(new Communicator());
   if (options.codec.kind != CodecKind::kNone) comm->codec_ = MakeCodec(options.codec);
   comm->rank_ = transport->rank();
+  comm->ring_pos_ = comm->rank_;
   comm->world_size_ = world_size;
   comm->options_ = options;
   comm->transport_ = std::move(transport);
@@ -104,6 +105,34 @@ std::unique_ptr<Communicator> Communicator::Create(
   comm->wait_header_ = fmt::format("a chunk header from rank {} (left neighbour)", left);
   comm->wait_payload_ = fmt::format("a chunk from rank {} (left neighbour)", left);
   comm->wait_send_ = fmt::format("a chunk send to rank {} (right neighbour)", right);
+  return comm;
+}
+
+std::unique_ptr<Communicator> Communicator::CreateOnConnections(
+    std::shared_ptr<transport::Transport> transport, int ring_pos, int ring_size,
+    std::vector<transport::Connection*> left, std::vector<transport::Connection*> right,
+    const CommunicatorOptions& options) {
+  PSGD_CHECK(ring_size >= 1 && ring_pos >= 0 && ring_pos < ring_size);
+  PSGD_CHECK_EQ(left.size(), right.size());
+  PSGD_CHECK(ring_size == 1 || !left.empty());
+  if (options.chunk_bytes % sizeof(float) != 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "chunk_bytes = {}: expected a positive multiple of 4, or 0 (auto)", options.chunk_bytes);
+  }
+  std::unique_ptr<Communicator> comm(new Communicator());
+  if (options.codec.kind != CodecKind::kNone) comm->codec_ = MakeCodec(options.codec);
+  comm->rank_ = transport->rank();
+  comm->ring_pos_ = ring_pos;
+  comm->world_size_ = ring_size;
+  comm->options_ = options;
+  comm->transport_ = std::move(transport);
+  if (ring_size == 1) return comm;
+  comm->left_ = std::move(left);
+  comm->right_ = std::move(right);
+  const int l = comm->left_[0]->peer_rank(), r = comm->right_[0]->peer_rank();
+  comm->wait_header_ = fmt::format("a chunk header from rank {} (left neighbour in the group)", l);
+  comm->wait_payload_ = fmt::format("a chunk from rank {} (left neighbour in the group)", l);
+  comm->wait_send_ = fmt::format("a chunk send to rank {} (right neighbour in the group)", r);
   return comm;
 }
 
@@ -349,7 +378,7 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
     return;
   }
 
-  const int r = rank_;
+  const int r = ring_pos_;
   const uint64_t chunk_bytes = options_.chunk_bytes != CommunicatorOptions::kAutoChunkBytes
                                    ? options_.chunk_bytes
                                    : AutoChunkBytes(data.size(), n);
