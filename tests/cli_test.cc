@@ -702,7 +702,8 @@ TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
 
 TEST(ParameterServer, OneRankIsRefusedByName) {
   ExpectError(Worker({"train.mode=PS_SYNC"}), {"train.mode = PS_SYNC needs at least 2 ranks"});
-  ExpectError(Worker({"train.mode=sdpipe"}), {"SDPIPE: not built"});
+  ExpectError(Worker({"train.mode=sdpipe"}),
+              {"sdpipe.min_group = 2: expected an integer in [1, world size 1]"});
 }
 
 // PS_SYNC and PS_ASYNC end to end (rank 0 serves, 2 workers), and a timeline of a width-2 run
