@@ -16,6 +16,7 @@
 #include "core/data/dataset.h"
 #include "core/train/classifier_task.h"
 #include "core/train/ps_trainer.h"
+#include "launcher/model_builder.h"
 #include "launcher/config.h"
 #include "launcher/worker.h"
 #include "layers/model.h"
@@ -27,21 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-std::unique_ptr<layers::Model> BuildPsModel(const config::Model& spec, size_t in_features,
-                                            size_t max_batch) {
-  std::vector<std::unique_ptr<layers::Layer>> stack;
-  size_t width = in_features;
-  for (const auto& layer : spec.layers()) {
-    if (layer.has_linear()) {
-      stack.push_back(layers::MakeLinear(width, layer.linear().out_features()));
-      width = layer.linear().out_features();
-    } else if (layer.has_relu()) {
-      stack.push_back(layers::MakeRelu(width));
-    }
-  }
-  return std::make_unique<layers::Model>(std::move(stack), max_batch);
 }
 
 int LastWidth(const config::Model& spec) {
@@ -109,7 +95,7 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
                                              LastWidth(job.model()), data_cfg.test_limit());
   data::CheckSameShape(train_set, data_cfg.train_images(), test_set, data_cfg.test_images());
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  auto model = BuildPsModel(job.model(), train_set.features, std::max<size_t>(batch, 500));
+  auto model = std::make_unique<layers::Model>(BuildLayers(job.model()), std::max<size_t>(batch, 500));
   std::vector<float> params(model->num_params());
   model->Init(params, train_cfg.seed());
   const int shard = server ? 0 : env.rank - 1;

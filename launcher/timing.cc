@@ -1,3 +1,4 @@
+#include "launcher/model_builder.h"
 #include "launcher/timing.h"
 
 #include <algorithm>
@@ -120,21 +121,6 @@ class Prober {
   std::vector<char> big_;
 };
 
-std::unique_ptr<layers::Model> ProbeModel(const config::Model& spec, size_t in_features,
-                                          size_t max_batch) {
-  std::vector<std::unique_ptr<layers::Layer>> stack;
-  size_t width = in_features;
-  for (const auto& layer : spec.layers()) {
-    if (layer.has_linear()) {
-      stack.push_back(layers::MakeLinear(width, layer.linear().out_features()));
-      width = layer.linear().out_features();
-    } else if (layer.has_relu()) {
-      stack.push_back(layers::MakeRelu(width));
-    }
-  }
-  return std::make_unique<layers::Model>(std::move(stack), max_batch);
-}
-
 }  // namespace
 
 std::vector<std::string> ProbeWorkerCommand(const ProbeArgs& a) {
@@ -163,7 +149,7 @@ void RunProbe(const ProbeArgs& args) {
   data::Dataset train_set = data::LoadDataset(data_cfg.train_images(), data_cfg.train_labels(),
                                               classes, data_cfg.train_limit());
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  auto model = ProbeModel(job.model(), train_set.features, batch);
+  auto model = std::make_unique<layers::Model>(BuildLayers(job.model()), batch);
   const size_t p = model->num_params();
   std::vector<float> params(p), grads(p);
   model->Init(params, train_cfg.seed());
