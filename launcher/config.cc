@@ -35,6 +35,15 @@
 namespace pipesgd::launcher {
 namespace {
 
+// Whether model.device = CUDA can run in this build.
+constexpr bool CudaBackendBuilt() {
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  return true;
+#else
+  return false;
+#endif
+}
+
 namespace pb = google::protobuf;
 using pb::Descriptor;
 using pb::FieldDescriptor;
@@ -554,11 +563,26 @@ const FieldDescriptor* Field(int number) {
 // breaks this table at compile time instead of silently dropping its check.
 const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
   using config::Comm;
+  using config::Conv2d;
   using config::Data;
+  using config::Dropout;
   using config::Linear;
+  using config::MaxPool2d;
+  using config::Model;
   using config::Train;
   static const std::unordered_map<const FieldDescriptor*, Rule> rules{
       {Field<Linear>(Linear::kOutFeaturesFieldNumber), IntRange{1, std::nullopt}},
+      {Field<config::Model>(config::Model::kGpuIndexFieldNumber), IntRange{-1, 1023}},
+      {Field<Conv2d>(Conv2d::kOutChannelsFieldNumber), IntRange{1, std::nullopt}},
+      {Field<Conv2d>(Conv2d::kKernelSizeFieldNumber), IntRange{1, std::nullopt}},
+      {Field<Conv2d>(Conv2d::kStrideFieldNumber), IntRange{1, std::nullopt}},
+      {Field<Conv2d>(Conv2d::kPaddingFieldNumber), IntRange{0, std::nullopt}},
+      {Field<MaxPool2d>(MaxPool2d::kKernelSizeFieldNumber), IntRange{1, std::nullopt}},
+      {Field<MaxPool2d>(MaxPool2d::kStrideFieldNumber), IntRange{0, std::nullopt}},
+      {Field<Dropout>(Dropout::kPFieldNumber), RealRange{0, true, 1.0}},
+      {Field<Model>(Model::kInputChannelsFieldNumber), IntRange{1, std::nullopt}},
+      {Field<Model>(Model::kInputHeightFieldNumber), IntRange{1, std::nullopt}},
+      {Field<Model>(Model::kInputWidthFieldNumber), IntRange{1, std::nullopt}},
       {Field<Data>(Data::kTrainImagesFieldNumber), NonEmpty{}},
       {Field<Data>(Data::kTrainLabelsFieldNumber), NonEmpty{}},
       {Field<Data>(Data::kTestImagesFieldNumber), NonEmpty{}},
@@ -586,6 +610,16 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<config::Checkpoint>(config::Checkpoint::kEveryStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<config::Checkpoint>(config::Checkpoint::kEveryEpochsFieldNumber), IntRange{0, std::nullopt}},
       {Field<config::Checkpoint>(config::Checkpoint::kKeepFieldNumber), IntRange{1, 1000}},
+      {Field<config::Sdpipe>(config::Sdpipe::kPeriodFieldNumber), IntRange{1, 1000000}},
+      {Field<config::Sdpipe>(config::Sdpipe::kWindowMinSFieldNumber), RealRange{0, false, std::nullopt}},
+      {Field<config::Sdpipe>(config::Sdpipe::kWindowMaxSFieldNumber), RealRange{0, false, 3600.0}},
+      {Field<config::Sdpipe>(config::Sdpipe::kWindowInitSFieldNumber), RealRange{0, false, 3600.0}},
+      {Field<config::Sdpipe>(config::Sdpipe::kWindowGrowFieldNumber), RealRange{1, true, std::nullopt}},
+      {Field<config::Sdpipe>(config::Sdpipe::kWindowShrinkFieldNumber), RealRange{0, false, std::nullopt}},
+      {Field<config::Sdpipe>(config::Sdpipe::kMinGroupFieldNumber), IntRange{1, std::nullopt}},
+      {Field<config::Straggler>(config::Straggler::kRanksFieldNumber), IntRange{0, std::nullopt}},
+      {Field<config::Straggler>(config::Straggler::kSleepSFieldNumber), RealRange{0, true, 60.0}},
+      {Field<config::Straggler>(config::Straggler::kProbabilityFieldNumber), RealRange{0, true, std::nullopt}},
       // seed: any uint64; transport: the parser admits only declared enum values.
   };
   return rules;
@@ -633,6 +667,16 @@ class Validator {
       CheckLayer(static_cast<const config::Layer&>(message), steps);
     } else if (type == config::Comm::descriptor()) {
       CheckComm(static_cast<const config::Comm&>(message), steps);
+    } else if (type == config::Sdpipe::descriptor()) {
+      CheckSdpipe(static_cast<const config::Sdpipe&>(message), steps);
+    } else if (type == config::Straggler::descriptor()) {
+      const auto& st = static_cast<const config::Straggler&>(message);
+      if (st.probability() > 1) {
+        steps->push_back({Field<config::Straggler>(config::Straggler::kProbabilityFieldNumber), -1});
+        Report(*steps, fmt::format("{} = {}: expected a probability in [0, 1]",
+                                   PathString(*steps), st.probability()));
+        steps->pop_back();
+      }
     }
 
     const Reflection* reflection = message.GetReflection();
@@ -672,6 +716,21 @@ class Validator {
       steps->pop_back();
       return;
     }
+    if (model.device() == config::Model::CUDA && !CudaBackendBuilt()) {
+      steps->push_back({Field<config::Model>(config::Model::kDeviceFieldNumber), -1});
+      Report(*steps, fmt::format("{} = CUDA: this pipesgd was built without the CUDA backend (no "
+                                 "CUDA toolkit at build time, or -DPIPESGD_CUDA=OFF); use CPU or "
+                                 "rebuild with the CUDA toolkit (docs/gpu.md)",
+                                 PathString(*steps)));
+      steps->pop_back();
+    }
+    if (model.gpu_index() != -1 && model.device() != config::Model::CUDA) {
+      steps->push_back({Field<config::Model>(config::Model::kGpuIndexFieldNumber), -1});
+      Report(*steps, fmt::format("{} = {}: applies only to model.device: CUDA (device is {})",
+                                 PathString(*steps), model.gpu_index(),
+                                 config::Model::Device_Name(model.device())));
+      steps->pop_back();
+    }
     const int last = model.layers_size() - 1;
     const config::Layer& layer = model.layers(last);
     if (layer.kind_case() != config::Layer::KIND_NOT_SET && !layer.has_linear()) {
@@ -680,6 +739,111 @@ class Validator {
                                  "out_features is the number of classes)",
                                  PathString(*steps), layer.ShortDebugString()));
       steps->pop_back();
+    }
+    CheckShapes(model, steps);
+  }
+
+  // Follows the activation shape (channels x height x width) through the layers, as
+  // layers::Model will, and reports the first layer that cannot take its input. Stops quietly at
+  // a layer whose own values are out of range (CheckScalar reports those).
+  void CheckShapes(const config::Model& model, std::vector<Step>* steps) {
+    struct Shape {
+      int64_t c, h, w;
+    };
+    auto text = [](const Shape& s) { return fmt::format("{}x{}x{}", s.c, s.h, s.w); };
+    if (model.input_channels() < 1 || model.input_height() < 1 || model.input_width() < 1) return;
+    Shape shape{model.input_channels(), model.input_height(), model.input_width()};
+    // Per-sample activations stay within int32 (BLAS dimensions, argmax indices); that also
+    // keeps every product below from overflowing.
+    constexpr int64_t kMaxFloats = INT32_MAX;
+    auto too_big = [&](const Shape& s) {
+      return s.c > kMaxFloats || s.h > kMaxFloats || s.w > kMaxFloats ||
+             s.c * s.h > kMaxFloats || s.c * s.h * s.w > kMaxFloats;
+    };
+    if (too_big(shape)) {
+      steps->push_back({Field<config::Model>(config::Model::kInputChannelsFieldNumber), -1});
+      Report(*steps, fmt::format("model input {} is {} floats per sample: expected at most {}",
+                                 text(shape), static_cast<double>(shape.c) * shape.h * shape.w,
+                                 kMaxFloats));
+      steps->pop_back();
+      return;
+    }
+    const FieldDescriptor* layers_field = Field<config::Model>(config::Model::kLayersFieldNumber);
+    for (int i = 0; i < model.layers_size(); i++) {
+      const config::Layer& layer = model.layers(i);
+      const std::string from =
+          i == 0 ? fmt::format("the model input {}", text(shape))
+                 : fmt::format("{} from model.layers[{}]", text(shape), i - 1);
+      // Reports `what` at field `number` of the layer's `kind` message.
+      auto report = [&](int kind, const FieldDescriptor* field, const std::string& what) {
+        steps->push_back({layers_field, i});
+        steps->push_back({Field<config::Layer>(kind), -1});
+        steps->push_back({field, -1});
+        Report(*steps, fmt::format("{} = {}", PathString(*steps), what));
+        steps->pop_back();
+        steps->pop_back();
+        steps->pop_back();
+      };
+      Shape next = shape;
+      switch (layer.kind_case()) {
+        case config::Layer::kLinear: {
+          if (layer.linear().out_features() < 1) return;
+          next = {layer.linear().out_features(), 1, 1};
+          break;
+        }
+        case config::Layer::kConv2D: {
+          const config::Conv2d& conv = layer.conv2d();
+          if (conv.out_channels() < 1 || conv.kernel_size() < 1 || conv.stride() < 1 ||
+              conv.padding() < 0) {
+            return;
+          }
+          const int64_t k = conv.kernel_size(), p = conv.padding();
+          if (k > shape.h + 2 * p || k > shape.w + 2 * p) {
+            report(config::Layer::kConv2DFieldNumber,
+                   Field<config::Conv2d>(config::Conv2d::kKernelSizeFieldNumber),
+                   fmt::format("{}: expected at most {}, the padded height and width of its "
+                               "input ({} with padding {} on each side)",
+                               k, std::min(shape.h, shape.w) + 2 * p, from, p));
+            return;
+          }
+          next = {conv.out_channels(), (shape.h + 2 * p - k) / conv.stride() + 1,
+                  (shape.w + 2 * p - k) / conv.stride() + 1};
+          break;
+        }
+        case config::Layer::kMaxPool2D: {
+          const config::MaxPool2d& pool = layer.max_pool2d();
+          if (pool.kernel_size() < 1 || pool.stride() < 0) return;
+          const int64_t k = pool.kernel_size();
+          const int64_t stride = pool.stride() == 0 ? k : pool.stride();
+          if (k > shape.h || k > shape.w) {
+            report(config::Layer::kMaxPool2DFieldNumber,
+                   Field<config::MaxPool2d>(config::MaxPool2d::kKernelSizeFieldNumber),
+                   fmt::format("{}: expected at most {}, the height and width of its input ({})",
+                               k, std::min(shape.h, shape.w), from));
+            return;
+          }
+          next = {shape.c, (shape.h - k) / stride + 1, (shape.w - k) / stride + 1};
+          break;
+        }
+        case config::Layer::kFlatten:
+          next = {shape.c * shape.h * shape.w, 1, 1};
+          break;
+        case config::Layer::kRelu:
+        case config::Layer::kDropout:
+          break;
+        default:
+          return;  // no kind: CheckLayer reports it
+      }
+      if (too_big(next)) {
+        steps->push_back({layers_field, i});
+        Report(*steps, fmt::format("{} = {{ {} }} outputs {}, {} floats per sample: expected at "
+                                   "most {}",
+                                   PathString(*steps), layer.ShortDebugString(), text(next),
+                                   static_cast<double>(next.c) * next.h * next.w, kMaxFloats));
+        steps->pop_back();
+        return;
+      }
+      shape = next;
     }
   }
 
@@ -708,12 +872,35 @@ class Validator {
     }
   }
 
+  // The window's bounds must hold together (each alone is checked by its rule).
+  void CheckSdpipe(const config::Sdpipe& sd, std::vector<Step>* steps) {
+    auto report = [&](int number, std::string what) {
+      steps->push_back({Field<config::Sdpipe>(number), -1});
+      Report(*steps, fmt::format("{} {}", PathString(*steps), what));
+      steps->pop_back();
+    };
+    if (sd.window_shrink() > 1) {
+      report(config::Sdpipe::kWindowShrinkFieldNumber,
+             fmt::format("= {}: expected a factor in (0, 1]", sd.window_shrink()));
+    }
+    if (sd.window_max_s() < sd.window_min_s()) {
+      report(config::Sdpipe::kWindowMaxSFieldNumber,
+             fmt::format("= {}: expected >= sdpipe.window_min_s = {}", sd.window_max_s(),
+                         sd.window_min_s()));
+    } else if (sd.window_init_s() < sd.window_min_s() || sd.window_init_s() > sd.window_max_s()) {
+      report(config::Sdpipe::kWindowInitSFieldNumber,
+             fmt::format("= {}: expected seconds in [window_min_s, window_max_s] = [{}, {}]",
+                         sd.window_init_s(), sd.window_min_s(), sd.window_max_s()));
+    }
+  }
+
   void CheckLayer(const config::Layer& layer, std::vector<Step>* steps) {
     if (layer.kind_case() != config::Layer::KIND_NOT_SET) return;
     const pb::OneofDescriptor* kind = config::Layer::descriptor()->FindOneofByName("kind");
     std::string kinds;
     for (int i = 0; kind != nullptr && i < kind->field_count(); ++i) {
-      kinds += fmt::format("{}{}", i == 0 ? "" : " or ", kind->field(i)->name());
+      const char* sep = i == 0 ? "" : i + 1 == kind->field_count() ? " or " : ", ";
+      kinds += fmt::format("{}{}", sep, kind->field(i)->name());
     }
     Report(*steps, fmt::format("{} = {{}}: expected a layer kind ({})", PathString(*steps), kinds));
   }

@@ -4,6 +4,9 @@
 
 #include "core/base/error.h"
 #include "layers/model.h"
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "layers/cuda/device.h"
+#endif
 #include "transport/factory.h"
 #include "transport/ifname.h"
 
@@ -25,11 +28,13 @@ std::string InfoReport() {
   } catch (const Error& e) {
     out += fmt::format("network interfaces: {}\n", e.what());
   }
-#ifdef PIPESGD_HAVE_CUDA
-  out += "CUDA: toolkit " PIPESGD_CUDA_VERSION " at build time (used for GPUDirect RDMA "
-         "registration only); the layers are CPU-only, no GPU compute\n";
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  // The GPU backend is compiled in; whether it can run depends on this machine's devices.
+  out += fmt::format("CUDA: backend built (model.device = CUDA: cuBLAS + CUDA kernels, untested on a GPU); {}\n",
+                     cuda::CudaDescription());
 #else
-  out += "CUDA: not built (no CUDA toolkit at build time); the layers are CPU-only\n";
+  out += "CUDA: backend not built (no CUDA toolkit at build time, or -DPIPESGD_CUDA=OFF); "
+         "model.device = CPU only\n";
 #endif
   out += fmt::format("BLAS: {}\n", layers::BlasDescription());
   return out;

@@ -13,6 +13,8 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "launcher/bench.h"
+#include "launcher/timing.h"
+#include "core/base/timeline.h"
 #include "launcher/info.h"
 #include "launcher/config.h"
 #include "launcher/hostfile.h"
@@ -90,6 +92,16 @@ int main(int argc, char** argv) {
                     "Debug logging in every worker; over ssh also the host in each line's prefix");
   run_cmd->add_flag("--resume", run.resume,
                     "Continue from the newest checkpoint every rank has in checkpoint.dir");
+  std::string run_timeline;
+  int64_t run_timeline_first = 0, run_timeline_steps = 20;
+  run_cmd->add_option("--timeline", run_timeline,
+                      "Write a Chrome trace-event JSON timeline (open in Perfetto) of every rank's "
+                      "compute and communication spans: FILE.rankR.json per rank, merged into "
+                      "FILE at the end of a local run");
+  run_cmd->add_option("--timeline-first-step", run_timeline_first,
+                      "First step the timeline records")->capture_default_str()->check(CLI::NonNegativeNumber);
+  run_cmd->add_option("--timeline-steps", run_timeline_steps,
+                      "Steps the timeline records")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   auto* hosts_opt = run_cmd->add_option(
       "-H,--host", host_lists,
       "Run over ssh on these hosts: host[:slots],... (slots default 1; repeatable). Ranks fill "
@@ -140,6 +152,13 @@ int main(int argc, char** argv) {
                          "Directory for metrics.jsonl and summary.json (written by rank 0)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   worker_cmd->add_flag("-v,--verbose", worker.verbose, "Debug logging");
+  worker_cmd->add_option("--timeline", worker.timeline,
+                         "Write this rank's Chrome trace-event JSON timeline (one rank: FILE; "
+                         "else FILE.rankR.json)");
+  worker_cmd->add_option("--timeline-first-step", worker.timeline_first_step,
+                         "First step the timeline records")->capture_default_str()->check(CLI::NonNegativeNumber);
+  worker_cmd->add_option("--timeline-steps", worker.timeline_steps, "Steps the timeline records")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   worker_cmd->add_flag("--resume", worker.resume,
                        "Continue from the newest checkpoint every rank has in checkpoint.dir");
 
@@ -198,6 +217,55 @@ int main(int argc, char** argv) {
   bench_ar->add_option("--master-port", bench_run.master_port,
                        "With --np: rendezvous port (default: a free port)");
 
+  pipesgd::launcher::ProbeArgs probe;
+  pipesgd::launcher::RunArgs probe_run;
+  int probe_np = 0;
+  auto* probe_cmd = app.add_subcommand(
+      "probe",
+      "Measure the links between ring neighbours (ping-pong latency, bandwidth, per-message "
+      "cost) and the compute time of one step of the configured model, for `pipesgd model`. "
+      "One rank per node (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or -np N local ranks");
+  probe_cmd->add_option("config", probe.config_path, "Job config (protobuf text format)")
+      ->required()->check(CLI::ExistingFile);
+  probe_cmd->add_option("--set", probe.overrides, kSetHelp)->allow_extra_args(false);
+  probe_cmd->add_option("--json", probe.json_path, "Rank 0 writes the results here (for pipesgd model --probe)");
+  probe_cmd->add_option("-n,--np", probe_np, "Start this many local ranks")->check(CLI::Range(1, 1024));
+  probe_cmd->add_option("--pings", probe.pings, "Ping-pong round trips timed")
+      ->capture_default_str()->check(CLI::Range(1, 1000000));
+  probe_cmd->add_option("--compute-steps", probe.compute_steps, "Forward + backward steps timed")
+      ->capture_default_str()->check(CLI::Range(1, 100000));
+  probe_cmd->add_option("--master-addr", probe_run.master_addr, "With -np: rendezvous address");
+
+  pipesgd::launcher::ModelArgs model;
+  auto* model_cmd = app.add_subcommand(
+      "model",
+      "Predict the time per iteration of every scheme (PS sync, PS async, ring sync, Pipe-SGD "
+      "width 2; each codec) from latency, bandwidth, world size, model size and compute time, "
+      "and print the best choice (docs/timing_models.md)");
+  model_cmd->add_option("--probe", model.probe_json, "Inputs from pipesgd probe --json FILE")
+      ->check(CLI::ExistingFile);
+  model_cmd->add_option("-w,--workers", model.workers, "W: workers (ring: world size; PS: world size - 1)")
+      ->check(CLI::Range(1, 1 << 20));
+  model_cmd->add_option("--model-bytes", model.model_bytes, "M: gradient bytes (4 x parameters)")
+      ->check(CLI::PositiveNumber);
+  model_cmd->add_option("--latency-s", model.latency_s, "alpha: one-way latency, seconds")
+      ->check(CLI::NonNegativeNumber);
+  model_cmd->add_option("--bandwidth-Bps", model.bandwidth_Bps, "B: link bandwidth, bytes/s")
+      ->check(CLI::PositiveNumber);
+  model_cmd->add_option("--link-rate-bps", model.link_rate_bps, "B = RATE / 8 (e.g. 1e9 for 1gbit)")
+      ->check(CLI::PositiveNumber);
+  model_cmd->add_option("--compute-s", model.compute_s, "C: forward + backward per step, seconds")
+      ->check(CLI::NonNegativeNumber);
+  model_cmd->add_option("--update-s", model.update_s, "U: optimizer update, seconds")
+      ->check(CLI::NonNegativeNumber);
+  model_cmd->add_option("--reduce-s-per-byte", model.reduce_s_per_byte, "rho: float32 add, seconds per byte")
+      ->check(CLI::NonNegativeNumber);
+  model_cmd->add_option("--chunk-overhead-s", model.chunk_overhead_s, "o: cost of one chunk message, seconds")
+      ->check(CLI::NonNegativeNumber);
+  model_cmd->add_option("--chunk-bytes", model.chunk_bytes, "Evaluate only this chunk size (default: search 4 KiB..16 MiB)")
+      ->check(CLI::PositiveNumber);
+  model_cmd->add_option("--json", model.json_path, "Write the predictions as JSON");
+
   auto* info_cmd = app.add_subcommand(
       "info", "Print what this build and host support: transports, RDMA devices, GPUDirect, BLAS");
 
@@ -213,9 +281,9 @@ int main(int argc, char** argv) {
              "error; `run` exits with the failing worker's status.");
   // CLI11 reports an unknown subcommand as "a subcommand is required"; say what was wrong.
   if (args.size() > 1 && args[1][0] != '-' && args[1] != "run" && args[1] != "worker" &&
-      args[1] != "bench" && args[1] != "info" && args[1] != "remote-rank" &&
+      args[1] != "bench" && args[1] != "info" && args[1] != "remote-rank" && args[1] != "probe" && args[1] != "model" &&
       args[1] != "remote-probe") {
-    std::fprintf(stderr, "error: unknown subcommand '%s' (expected run, worker, bench or info; "
+    std::fprintf(stderr, "error: unknown subcommand '%s' (expected run, worker, bench, probe, model or info; "
                          "see pipesgd --help)\n", args[1].c_str());
     return 2;
   }
@@ -264,7 +332,20 @@ int main(int argc, char** argv) {
       if (run_cmd->count("--network-interface") > 0) {
         run.overrides.push_back("comm.network_interface=" + network_interface);
       }
-      if (!over_ssh) return pipesgd::launcher::RunLocal(run);
+      if (!run_timeline.empty()) {
+        run.extra_worker_args = {"--timeline", run_timeline, "--timeline-first-step",
+                                 std::to_string(run_timeline_first), "--timeline-steps",
+                                 std::to_string(run_timeline_steps)};
+      }
+      if (!over_ssh) {
+        const int status = pipesgd::launcher::RunLocal(run);
+        if (status == 0 && !run_timeline.empty() && run.num_processes > 1) {
+          pipesgd::timeline::MergeRankFiles(run_timeline, run.num_processes);
+          std::printf("pipesgd run: timeline of %d ranks merged into %s\n", run.num_processes,
+                      run_timeline.c_str());
+        }
+        return status;
+      }
       if (!hostfile.empty()) {
         ssh.hosts = pipesgd::launcher::ReadHostfile(hostfile);
       } else {
@@ -288,6 +369,20 @@ int main(int argc, char** argv) {
         return pipesgd::launcher::RunLocal(bench_run);
       }
       pipesgd::launcher::RunAllReduceBench(bench);
+      return 0;
+    }
+    if (*probe_cmd) {
+      pipesgd::InitLogging(false);
+      if (probe_np > 0) {
+        probe_run.num_processes = probe_np;
+        probe_run.worker_command = pipesgd::launcher::ProbeWorkerCommand(probe);
+        return pipesgd::launcher::RunLocal(probe_run);
+      }
+      pipesgd::launcher::RunProbe(probe);
+      return 0;
+    }
+    if (*model_cmd) {
+      pipesgd::launcher::RunModel(model);
       return 0;
     }
     pipesgd::InitLogging(worker.verbose);

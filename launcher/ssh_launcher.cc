@@ -319,6 +319,7 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
   if (!args.out_dir.empty()) worker_args.insert(worker_args.end(), {"--out", args.out_dir});
   if (args.resume) worker_args.push_back("--resume");
   if (args.verbose) worker_args.push_back("--verbose");
+  worker_args.insert(worker_args.end(), args.extra_worker_args.begin(), args.extra_worker_args.end());
   std::error_code ec;
   const std::string cwd = fs::current_path(ec).string();
   std::string config_name = fs::path(args.config_path).filename().string();

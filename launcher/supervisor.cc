@@ -473,6 +473,7 @@ int RunLocal(const RunArgs& args) {
     }
     if (args.resume) argv.push_back("--resume");
     if (args.verbose) argv.push_back("--verbose");
+    argv.insert(argv.end(), args.extra_worker_args.begin(), args.extra_worker_args.end());
   }
   std::vector<RankCommand> commands;
   for (int r = 0; r < args.num_processes; ++r) {

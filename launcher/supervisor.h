@@ -38,6 +38,8 @@ struct RunArgs {
   // What each worker runs (arguments after the program name). Empty: `worker CONFIG --set ...
   // --out ...` from the fields above, with the config checked once before starting.
   std::vector<std::string> worker_command;
+  // Appended to every `worker` command line built from config_path (e.g. --timeline FILE).
+  std::vector<std::string> extra_worker_args;
 };
 
 // How one rank is started and stopped.

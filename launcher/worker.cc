@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -24,8 +25,17 @@
 #include "core/data/dataset.h"
 #include "core/train/checkpoint.h"
 #include "core/train/classifier_task.h"
+#include "core/base/timeline.h"
 #include "core/train/trainer.h"
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "core/cuda/cuda_task.h"
+#include "layers/cuda/cuda_model.h"
+#include "layers/cuda/device.h"
+#endif
 #include "launcher/config.h"
+#include "launcher/model_builder.h"
+#include "launcher/sdpipe_worker.h"
+#include "launcher/worker_detail.h"
 #include "layers/model.h"
 #include "transport/factory.h"
 #include "transport/ifname.h"
@@ -33,7 +43,7 @@
 #include "transport/rendezvous.h"
 
 namespace pipesgd::launcher {
-namespace {
+namespace detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -52,40 +62,43 @@ long ParseIntVar(const char* name, const char* value, long lo, long hi, const ch
   return v;
 }
 
-// The model of the config, on `in_features` inputs.
-std::unique_ptr<layers::Model> BuildModel(const config::Model& spec, size_t in_features,
-                                          size_t max_batch) {
-  std::vector<std::unique_ptr<layers::Layer>> stack;
-  size_t width = in_features;
-  for (const auto& layer : spec.layers()) {
-    if (layer.has_linear()) {
-      stack.push_back(layers::MakeLinear(width, layer.linear().out_features()));
-      width = layer.linear().out_features();
-    } else if (layer.has_relu()) {
-      stack.push_back(layers::MakeRelu(width));
-    }
-  }
-  return std::make_unique<layers::Model>(std::move(stack), max_batch);
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+// The GPU twin of the CPU model: the same layers (BuildCudaLayers), the same parameter layout.
+std::unique_ptr<cuda::CudaModel> BuildCudaModel(cuda::Context& ctx, const config::Model& spec,
+                                                size_t max_batch) {
+  return std::make_unique<cuda::CudaModel>(ctx, BuildCudaLayers(spec), max_batch);
 }
 
-// Refuses a model whose buffers (parameters, momentum, one gradient per pipeline slot) cannot
-// fit in this machine's memory, before allocating any of it.
-void CheckModelFitsInMemory(const config::Model& spec, size_t in_features, int width) {
+// model.gpu_index, or LOCAL_RANK (0 when unset) for -1.
+int GpuIndex(const config::Model& spec) {
+  if (spec.gpu_index() >= 0) return spec.gpu_index();
+  const char* local = std::getenv("LOCAL_RANK");
+  if (local == nullptr || *local == '\0') return 0;
+  return static_cast<int>(ParseIntVar("LOCAL_RANK", local, 0, 1023, "an integer in [0, 1023]"));
+}
+#endif
+
+// Refuses a model whose buffers (parameters, momentum, one gradient per pipeline slot, and the
+// activations, their gradients and the layers' workspaces at `max_batch`) cannot fit in this
+// machine's memory, before allocating any of it.
+void CheckModelFitsInMemory(const std::vector<std::unique_ptr<layers::Layer>>& stack,
+                            size_t max_batch, int width) {
   double params = 0;
-  double fan_in = static_cast<double>(in_features);
-  for (const auto& layer : spec.layers()) {
-    if (!layer.has_linear()) continue;
-    const double out = layer.linear().out_features();
-    params += fan_in * out + out;
-    fan_in = out;
+  double scratch = 0;
+  for (const auto& layer : stack) {
+    params += static_cast<double>(layer->num_params());
+    scratch += 2.0 * static_cast<double>(max_batch) * static_cast<double>(layer->out_features()) *
+                   sizeof(float) +
+               static_cast<double>(layer->workspace_bytes(max_batch));
   }
-  const double bytes = params * sizeof(float) * (width + 2);
+  const double bytes = params * sizeof(float) * (width + 2) + scratch;
   const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   if (bytes > memory) {
     Throw(ErrorCode::kInvalidArgument,
-          "the model has {:.0f} parameters: its parameters, momentum and {} gradient buffers need "
-          "{:.1f} GiB, more than this machine's {:.1f} GiB of memory",
-          params, width, bytes / (1 << 30), memory / (1 << 30));
+          "the model has {:.0f} parameters: its parameters, momentum and {} gradient buffers, "
+          "and activations for batches of {}, need {:.1f} GiB, more than this machine's {:.1f} "
+          "GiB of memory",
+          params, width, max_batch, bytes / (1 << 30), memory / (1 << 30));
   }
 }
 
@@ -125,56 +138,26 @@ void WriteFileAtomically(const std::filesystem::path& path, const std::string& c
   }
 }
 
-// The output directory of a job, locked so that two jobs cannot interleave their files, with
-// metrics.jsonl appended and flushed line by line so a crash keeps every finished epoch.
-class OutputDir {
- public:
-  explicit OutputDir(const std::string& dir) : dir_(dir) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", dir, ec.message());
-    const auto lock_path = dir_ / ".pipesgd.lock";
-    lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock_fd_ < 0) {
-      Throw(ErrorCode::kIo, "--out {}: cannot write in the directory: {}", dir, std::strerror(errno));
-    }
-    if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-      Throw(ErrorCode::kIo, "--out {}: another pipesgd job is writing to this directory; use "
-                            "another --out",
-            dir);
-    }
-    const auto metrics = dir_ / "metrics.jsonl";
-    metrics_ = std::fopen(metrics.c_str(), "w");
-    if (!metrics_) {
-      Throw(ErrorCode::kIo, "cannot write {}: {}", metrics.string(), std::strerror(errno));
-    }
-  }
-  ~OutputDir() {
-    if (metrics_) std::fclose(metrics_);
-    if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock
-  }
-  OutputDir(const OutputDir&) = delete;
-  OutputDir& operator=(const OutputDir&) = delete;
 
-  void AppendMetrics(const nlohmann::json& line) {
-    const std::string text = line.dump() + "\n";
-    if (std::fwrite(text.data(), 1, text.size(), metrics_) != text.size() ||
-        std::fflush(metrics_) != 0) {
-      Throw(ErrorCode::kIo, "cannot write {}: {}", (dir_ / "metrics.jsonl").string(),
-            std::strerror(errno));
+train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size) {
+  train::StragglerOptions o;
+  const config::Straggler& st = job.straggler();
+  for (int r : st.ranks()) {
+    if (r < 0 || r >= world_size) {
+      Throw(ErrorCode::kInvalidArgument,
+            "straggler.ranks has rank {}: expected ranks in [0, world size {})", r, world_size);
     }
+    o.ranks.push_back(r);
   }
-  void WriteSummary(const nlohmann::json& summary) {
-    WriteFileAtomically(dir_ / "summary.json", summary.dump(2) + "\n");
-  }
+  o.sleep_s = st.sleep_s();
+  o.probability = st.probability();
+  o.seed = st.seed();
+  return o;
+}
 
- private:
-  std::filesystem::path dir_;
-  int lock_fd_ = -1;
-  std::FILE* metrics_ = nullptr;
-};
+}  // namespace detail
 
-}  // namespace
+using namespace detail;
 
 std::string JobDescription(const config::Job& job) {
   config::Job copy = job;
@@ -209,10 +192,9 @@ transport::TransportKind ResolveTransport(const config::Comm& comm, int rank) {
   Throw(ErrorCode::kInvalidArgument, "comm.transport = {}: unknown", static_cast<int>(comm.transport()));
 }
 
-std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
-                                                      const collective::CommunicatorOptions& options,
-                                                      const config::Comm& comm, Deadline deadline,
-                                                      const std::string& timeout_setting) {
+ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, int streams,
+                                    const config::Comm& comm, const std::vector<int>& peers,
+                                    Deadline deadline, const std::string& timeout_setting) {
   transport::TransportOptions topt;
   topt.kind = ResolveTransport(comm, env.rank);
   topt.rank = env.rank;
@@ -263,8 +245,8 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
                     ? ""
                     : fmt::format(", interface {}, address {}", iface_name, iface_address),
                 source.empty() ? "" : fmt::format(" ({} = {})", source, filter->ToString()));
-  topt.peers = collective::Communicator::RingPeers(env.rank, env.world_size);
-  topt.streams = options.streams;
+  topt.peers = peers;
+  topt.streams = streams;
   topt.ib_device = comm.ib_device();
   topt.ib_port = comm.ib_port();
   topt.gid_index = comm.gid_index();
@@ -276,12 +258,45 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
                                    env.job_token};
   try {
     auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
-    return collective::Communicator::Create(std::move(transport), env.world_size, addresses,
+    return {std::move(transport), std::move(addresses), topt.bind_host};
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+    throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
+  }
+}
+
+std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
+                                                      const collective::CommunicatorOptions& options,
+                                                      const config::Comm& comm, Deadline deadline,
+                                                      const std::string& timeout_setting) {
+  ConnectedTransport t =
+      ConnectTransport(env, job, options.streams, comm,
+                       collective::Communicator::RingPeers(env.rank, env.world_size), deadline,
+                       timeout_setting);
+  try {
+    return collective::Communicator::Create(std::move(t.transport), env.world_size, t.addresses,
                                             options, deadline);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
     throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
   }
+}
+
+PeerLinks ConnectPeers(const JobEnv& env, const std::string& job, const std::vector<int>& peers,
+                       const config::Comm& comm, Deadline deadline,
+                       const std::string& timeout_setting) {
+  PeerLinks links;
+  auto [transport, addresses, bind_host] = ConnectTransport(env, job, 1, comm, peers, deadline, timeout_setting);
+  std::vector<std::pair<int, std::string>> targets;
+  for (int p : peers) targets.emplace_back(p, addresses.at(p));
+  try {
+    links.connections = transport->Connect(targets, deadline, 1);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+    throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
+  }
+  links.transport = std::move(transport);
+  return links;
 }
 
 JobEnv ReadJobEnv() {
@@ -380,6 +395,15 @@ void RunWorker(const WorkerArgs& args) {
   const auto& train_cfg = job.train();
   const auto& comm_cfg = job.comm();
   const int width = train_cfg.pipeline_width();
+  if (train_cfg.mode() == config::SDPIPE) {
+    RunSdpipeWorker(args, env, job, start);
+    return;
+  }
+  if (train_cfg.mode() != config::RING) {
+    // The parameter-server baselines live in their own file.
+    RunPsWorker(args, env, job);
+    return;
+  }
   if (lead) {
     PSGD_LOG_INFO("pipesgd worker: world size {}, pipeline width {} ({}), comm.transport {}",
                   env.world_size, width, width == 1 ? "synchronous SGD" : "Pipe-SGD",
@@ -400,13 +424,58 @@ void RunWorker(const WorkerArgs& args) {
   data::Dataset test_set = data::LoadDataset(data_cfg.test_images(), data_cfg.test_labels(),
                                              num_classes, data_cfg.test_limit());
   data::CheckSameShape(train_set, data_cfg.train_images(), test_set, data_cfg.test_images());
-  CheckModelFitsInMemory(job.model(), train_set.features, width);
+  const layers::Shape input = InputShape(job.model());
+  if (train_set.rows != input.height || train_set.cols != input.width || input.channels != 1) {
+    Throw(ErrorCode::kInvalidArgument,
+          "model.input_channels x input_height x input_width = {}: expected 1x{}x{}, the "
+          "images of {} (IDX images have one channel)",
+          layers::ToString(input), train_set.rows, train_set.cols, data_cfg.train_images());
+  }
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  auto model = BuildModel(job.model(), train_set.features, std::max<size_t>(batch, 500));
+  // Evaluation runs in batches of up to 500 (fewer calls), but not beyond ~64 MiB of
+  // activations per rank: a CNN's feature maps are far larger than an MLP's.
+  auto stack = BuildLayers(job.model());
+  size_t floats_per_sample = 0;
+  for (const auto& layer : stack) floats_per_sample += 2 * layer->out_features();
+  const size_t eval_batch = std::clamp<size_t>((size_t{64} << 20) / sizeof(float) /
+                                                   std::max<size_t>(floats_per_sample, 1),
+                                               1, 500);
+  const size_t max_batch = std::max(batch, eval_batch);
+  CheckModelFitsInMemory(stack, max_batch, width);
+  auto model = std::make_unique<layers::Model>(std::move(stack), max_batch);
   std::vector<float> params(model->num_params());
   model->Init(params, train_cfg.seed());
   train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size,
                              train_cfg.seed(), {data_cfg.input_mean(), data_cfg.input_std()});
+  // model.device = CUDA: the same task and optimizer on the GPU (core/cuda/cuda_task.h); the
+  // CPU task above still provides the sampler's steps per epoch.
+  train::Objective* inner = &task;
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  std::unique_ptr<cuda::Context> gpu;
+  std::unique_ptr<cuda::CudaModel> gpu_model;
+  std::unique_ptr<cuda::DeviceParams> gpu_params;
+  std::unique_ptr<cuda::CudaClassifierTask> gpu_task;
+  if (job.model().device() == config::Model::CUDA) {
+    const int index = GpuIndex(job.model());
+    try {
+      gpu = std::make_unique<cuda::Context>(index);
+    } catch (const Error& e) {
+      throw e.Wrap(fmt::format("rank {}: model.device = CUDA (GPU index {} from {})", env.rank,
+                               index, job.model().gpu_index() >= 0 ? "model.gpu_index"
+                                                                   : "LOCAL_RANK"));
+    }
+    gpu_model = BuildCudaModel(*gpu, job.model(), max_batch);
+    gpu_params = std::make_unique<cuda::DeviceParams>(*gpu, model->num_params());
+    gpu_task = std::make_unique<cuda::CudaClassifierTask>(
+        *gpu, *gpu_model, *gpu_params, train_set, batch, max_batch, env.rank, env.world_size,
+        train_cfg.seed(), data::InputScaling{data_cfg.input_mean(), data_cfg.input_std()});
+    inner = gpu_task.get();
+    PSGD_LOG_INFO("rank {}: model on {}", env.rank, gpu->description());
+  }
+#endif
+  // Stragglers (job.straggler) sleep before some steps, for experiments; a no-op otherwise.
+  train::StragglerObjective straggler(*inner, StragglerFromConfig(job, env.world_size), env.rank);
+  train::Objective* objective = &straggler;
   const size_t steps_per_epoch = task.steps_per_epoch();
   if (steps_per_epoch == 0) {
     Throw(ErrorCode::kInvalidArgument,
@@ -444,9 +513,14 @@ void RunWorker(const WorkerArgs& args) {
     PSGD_LOG_INFO("ring connected: {} ranks over {}", env.world_size, comm->transport().Describe());
   }
 
-  train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
-                           train_cfg.weight_decay()},
-                          params.size());
+  const layers::SgdOptions sgd_options{train_cfg.learning_rate(), train_cfg.momentum(),
+                                       train_cfg.weight_decay()};
+  std::unique_ptr<train::Optimizer> optimizer;
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  if (gpu) optimizer = std::make_unique<cuda::CudaSgdOptimizer>(*gpu, *gpu_params, sgd_options);
+#endif
+  if (!optimizer) optimizer = std::make_unique<train::SgdOptimizer>(sgd_options, params.size());
+  train::Optimizer& sgd = *optimizer;
   const std::string job_text = JobDescription(job);
   const auto& ckpt_cfg = job.checkpoint();
   const std::filesystem::path ckpt_dir = ckpt_cfg.dir();
@@ -477,8 +551,16 @@ void RunWorker(const WorkerArgs& args) {
     comm->RestoreResidual({resumed->residual().data(), static_cast<size_t>(resumed->residual_size())});
     comm->RestoreSequence(resumed->collective_sequence());
   }
-  train::Trainer trainer(*comm, task, sgd, params,
+  std::unique_ptr<timeline::Recorder> recorder;  // outlives the trainer, which records on it
+  if (!args.timeline.empty()) {
+    recorder = std::make_unique<timeline::Recorder>(env.rank, args.timeline_first_step,
+                                                    args.timeline_steps);
+    comm->set_timeline(recorder.get());
+    task.set_timeline(recorder.get());
+  }
+  train::Trainer trainer(*comm, *objective, sgd, params,
                          {width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
+  trainer.set_timeline(recorder.get());
   if (resumed) {
     train::TrainerSnapshot snapshot;
     snapshot.steps = resumed->steps();
@@ -545,7 +627,15 @@ void RunWorker(const WorkerArgs& args) {
   bool evaluated = false;
   train::WireTotals wire_before;  // at the start of the epoch
   auto evaluate = [&] {
-    layers::EvalResult local = task.EvaluateShard(params, test_set, env.rank, env.world_size);
+    layers::EvalResult local;
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+    if (gpu_task) {
+      local = gpu_task->EvaluateShard(params, test_set, env.rank, env.world_size);
+    } else
+#endif
+    {
+      local = task.EvaluateShard(params, test_set, env.rank, env.world_size);
+    }
     std::vector<float> sums = {static_cast<float>(local.loss_sum),
                                static_cast<float>(local.correct),
                                static_cast<float>(local.count)};
@@ -653,6 +743,14 @@ void RunWorker(const WorkerArgs& args) {
     throw;
   }
 
+  if (recorder) {
+    const std::string file = timeline::RankFile(args.timeline, env.rank, env.world_size);
+    recorder->WriteFile(file);
+    PSGD_LOG_INFO("rank {}: timeline of steps [{}, {}): {} spans written to {}{}", env.rank,
+                  args.timeline_first_step, args.timeline_first_step + args.timeline_steps,
+                  recorder->size(), file,
+                  recorder->dropped() ? fmt::format(" ({} dropped: buffer full)", recorder->dropped()) : "");
+  }
   const double wall_s = Seconds(start);
   if (lead) {
     PSGD_LOG_INFO("final test accuracy: {:.4f} ({} steps, {:.1f} s)", final_accuracy,

@@ -19,6 +19,11 @@ struct WorkerArgs {
   std::string out_dir;                 // rank 0 writes metrics.jsonl and summary.json here
   bool verbose = false;
   bool resume = false;                 // continue from the newest checkpoint in checkpoint.dir
+  // Chrome trace-event JSON of this rank's compute and communication spans (core/base/timeline.h):
+  // rank R of N > 1 writes timeline::RankFile(timeline, R, N); empty: no timeline.
+  std::string timeline;
+  int64_t timeline_first_step = 0;     // the window of steps recorded
+  int64_t timeline_steps = 20;
 };
 
 // Where this rank sits in the job, from the environment variables torchrun and Horovod use:
@@ -50,10 +55,34 @@ std::string JobDescription(const config::Job& job);
 // (e.g. "comm.start_timeout_s = 60 s"). Throws what transport::CreateTransport,
 // RendezvousAllGather and Communicator::Create throw, and kInvalidArgument for an interface
 // filter that admits no interface.
+// The first half of ConnectRing: the transport, created for `peers` (the ranks it will connect
+// to; ibverbs needs them up front) with `streams` connections per peer, and every rank's
+// address from the rendezvous. Nothing is connected yet.
+struct ConnectedTransport {
+  std::unique_ptr<transport::Transport> transport;
+  std::vector<std::string> addresses;  // index = rank
+  std::string bind_host;               // tcp: the address this rank listens on
+};
+ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, int streams,
+                                    const config::Comm& comm, const std::vector<int>& peers,
+                                    Deadline deadline, const std::string& timeout_setting);
+
 std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const std::string& job,
                                                       const collective::CommunicatorOptions& options,
                                                       const config::Comm& comm, Deadline deadline,
                                                       const std::string& timeout_setting);
+
+// A transport connected to `peers` (ranks other than env.rank), one connection each, in the
+// order of `peers`; the same set-up, rendezvous and errors as ConnectRing (the parameter-server
+// schemes and `pipesgd probe` use it for star and neighbour links).
+struct PeerLinks {
+  // Declared in this order so that the connections are destroyed before their transport.
+  std::unique_ptr<transport::Transport> transport;
+  std::vector<std::unique_ptr<transport::Connection>> connections;
+};
+PeerLinks ConnectPeers(const JobEnv& env, const std::string& job, const std::vector<int>& peers,
+                       const config::Comm& comm, Deadline deadline,
+                       const std::string& timeout_setting);
 
 // Reads and checks the variables. Throws Error kInvalidArgument naming the variable, its value
 // and what was expected.
@@ -62,5 +91,10 @@ JobEnv ReadJobEnv();
 // Runs the rank to completion. Throws pipesgd::Error on any failure (the caller prints it and
 // exits non-zero).
 void RunWorker(const WorkerArgs& args);
+
+// The parameter-server schemes (train.mode PS_SYNC, PS_ASYNC; launcher/ps_worker.cc): rank 0
+// serves, the other ranks train. Same outputs as RunWorker (log lines, metrics.jsonl,
+// summary.json, --timeline). Throws pipesgd::Error.
+void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& job);
 
 }  // namespace pipesgd::launcher

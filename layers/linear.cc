@@ -1,8 +1,6 @@
 // Fully connected layer on OpenBLAS sgemm. Parameters [W (out, in) row-major, b (out)].
 #include <cblas.h>
 
-#include <string>
-
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -22,11 +20,12 @@ namespace {
 
 class Linear final : public Layer {
  public:
-  Linear(size_t in, size_t out) : in_(in), out_(out) {}
+  Linear(const Shape& in_shape, size_t out)
+      : in_shape_(in_shape), in_(in_shape.size()), out_(out) {}
 
   std::string name() const override { return fmt::format("linear({}->{})", in_, out_); }
-  size_t in_features() const override { return in_; }
-  size_t out_features() const override { return out_; }
+  Shape in_shape() const override { return in_shape_; }
+  Shape out_shape() const override { return {out_, 1, 1}; }
   size_t num_params() const override { return out_ * in_ + out_; }
 
   void Init(std::span<float> params, Rng& rng) const override {
@@ -39,7 +38,8 @@ class Linear final : public Layer {
   }
 
   void Forward(std::span<const float> params, const float* x, float* y,
-               size_t batch) const override {
+               const Pass& pass) const override {
+    const size_t batch = pass.batch;
     PSGD_CHECK_EQ(params.size(), num_params());
     const float* w = params.data();               // (out, in)
     const float* b = params.data() + out_ * in_;  // (out)
@@ -53,7 +53,8 @@ class Linear final : public Layer {
   }
 
   void Backward(std::span<const float> params, const float* x, const float* y, const float* dy,
-                std::span<float> grads, float* dx, size_t batch) const override {
+                std::span<float> grads, float* dx, const Pass& pass) const override {
+    const size_t batch = pass.batch;
     PSGD_CHECK_EQ(params.size(), num_params());
     PSGD_CHECK_EQ(grads.size(), num_params());
     const float* w = params.data();         // (out, in)
@@ -84,18 +85,23 @@ class Linear final : public Layer {
     return static_cast<blasint>(n);
   }
 
-  size_t in_;
+  Shape in_shape_;
+  size_t in_;  // in_shape_.size()
   size_t out_;
 };
 
 }  // namespace
 
-std::unique_ptr<Layer> MakeLinear(size_t in_features, size_t out_features) {
-  if (in_features == 0 || out_features == 0) {
+std::unique_ptr<Layer> MakeLinear(const Shape& in, size_t out_features) {
+  if (in.size() == 0 || out_features == 0) {
     Throw(ErrorCode::kInvalidArgument, "linear layer needs at least one input and one output, got "
-          "linear({}->{})", in_features, out_features);
+          "linear({}->{}) on input {}", in.size(), out_features, ToString(in));
   }
-  return std::make_unique<Linear>(in_features, out_features);
+  return std::make_unique<Linear>(in, out_features);
+}
+
+std::unique_ptr<Layer> MakeLinear(size_t in_features, size_t out_features) {
+  return MakeLinear(Shape{in_features, 1, 1}, out_features);
 }
 
 }  // namespace pipesgd::layers

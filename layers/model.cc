@@ -80,10 +80,11 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers, size_t max_batch)
   for (size_t i = 1; i < layers_.size(); i++) {
     const Layer& prev = *layers_[i - 1];
     const Layer& cur = *layers_[i];
-    if (cur.in_features() != prev.out_features()) {
+    if (cur.in_shape() != prev.out_shape()) {
       Throw(ErrorCode::kInvalidArgument,
-            "layer {} {} takes {} features but layer {} {} outputs {}", i, cur.name(),
-            cur.in_features(), i - 1, prev.name(), prev.out_features());
+            "layer {} {} takes {} features ({}) but layer {} {} outputs {} ({})", i, cur.name(),
+            cur.in_features(), ToString(cur.in_shape()), i - 1, prev.name(),
+            prev.out_features(), ToString(prev.out_shape()));
     }
   }
 
@@ -102,9 +103,13 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers, size_t max_batch)
     acts_[i].resize(max_batch_ * features);        // (max_batch, out_{i-1})
     grads_acts_[i].resize(max_batch_ * features);  // (max_batch, out_{i-1})
   }
+  workspaces_.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); i++) {
+    workspaces_[i].resize(layers_[i]->workspace_bytes(max_batch_));
+  }
 }
 
-size_t Model::in_features() const { return layers_.front()->in_features(); }
+Shape Model::in_shape() const { return layers_.front()->in_shape(); }
 
 size_t Model::num_classes() const { return layers_.back()->out_features(); }
 
@@ -117,6 +122,15 @@ std::string Model::Describe() const {
   return fmt::format("{}: {} params", out, num_params_);
 }
 
+size_t Model::scratch_bytes() const {
+  size_t bytes = 0;
+  for (size_t i = 0; i < acts_.size(); i++) {
+    bytes += (acts_[i].size() + grads_acts_[i].size()) * sizeof(float);
+  }
+  for (const auto& w : workspaces_) bytes += w.size();
+  return bytes;
+}
+
 void Model::Init(std::span<float> params, uint64_t seed) const {
   PSGD_CHECK_EQ(params.size(), num_params_);
   // One stream for the whole model, consumed layer by layer: every rank derives the same
@@ -127,50 +141,68 @@ void Model::Init(std::span<float> params, uint64_t seed) const {
   }
 }
 
-float Model::ForwardBackward(std::span<const float> params, const float* x,
-                             const uint8_t* labels, size_t batch, std::span<float> grads) {
+Pass Model::LayerPass(size_t i, size_t batch, bool training, const BatchKey& key) {
+  Pass pass;
+  pass.batch = batch;
+  pass.training = training;
+  pass.key = RandomKey(key.seed, key.step, i);
+  pass.first_row = key.first_row;
+  pass.workspace = std::span<std::byte>(workspaces_[i].data(),
+                                        layers_[i]->workspace_bytes(batch));
+  return pass;
+}
+
+void Model::ForwardAll(std::span<const float> params, const float* x, size_t batch,
+                       bool training, const BatchKey& key) {
   PSGD_CHECK_GE(batch, size_t{1});
   PSGD_CHECK_LE(batch, max_batch_);
   PSGD_CHECK_EQ(params.size(), num_params_);
+  // acts_[i + 1] (B, out_i) = layer_i(input_i (B, in_i)).
+  for (size_t i = 0; i < layers_.size(); i++) {
+    const float* in = i == 0 ? x : acts_[i].data();
+    layers_[i]->Forward(LayerParams(params, i), in, acts_[i + 1].data(),
+                        LayerPass(i, batch, training, key));
+  }
+}
+
+float Model::ForwardBackward(std::span<const float> params, const float* x,
+                             const uint8_t* labels, size_t batch, std::span<float> grads,
+                             const BatchKey& key) {
+  const float loss = Forward(params, x, labels, batch, key);
+  Backward(params, x, batch, grads, key);
+  return loss;
+}
+
+float Model::Forward(std::span<const float> params, const float* x, const uint8_t* labels,
+                     size_t batch, const BatchKey& key) {
+  ForwardAll(params, x, batch, /*training=*/true, key);
+  const size_t n = layers_.size();
+  // Loss on the logits (B, C); its gradient seeds the backward pass.
+  return SoftmaxCrossEntropy(acts_[n].data(), labels, batch, num_classes(),
+                             grads_acts_[n].data());
+}
+
+void Model::Backward(std::span<const float> params, const float* x, size_t batch,
+                     std::span<float> grads, const BatchKey& key) {
   PSGD_CHECK_EQ(grads.size(), num_params_);
   const size_t n = layers_.size();
-
-  // Forward: acts_[i + 1] (B, out_i) = layer_i(input_i (B, in_i)).
-  for (size_t i = 0; i < n; i++) {
-    const float* in = i == 0 ? x : acts_[i].data();
-    layers_[i]->Forward(params.subspan(param_offsets_[i], layers_[i]->num_params()), in,
-                        acts_[i + 1].data(), batch);
-  }
-
-  // Loss on the logits (B, C); its gradient seeds the backward pass.
-  const float loss = SoftmaxCrossEntropy(acts_[n].data(), labels, batch, num_classes(),
-                                         grads_acts_[n].data());
-
-  // Backward, last layer first. Each layer overwrites its own slice of grads, so the caller's
-  // buffer needs no zeroing; layer 0 skips dx since nobody uses the gradient of the data.
+  // Last layer first, each with the Pass of its forward call. Each layer overwrites its own
+  // slice of grads, so the caller's buffer needs no zeroing; layer 0 skips dx since nobody uses
+  // the gradient of the data.
   for (size_t i = n; i-- > 0;) {
     const float* in = i == 0 ? x : acts_[i].data();
     float* dx = i == 0 ? nullptr : grads_acts_[i].data();
-    layers_[i]->Backward(params.subspan(param_offsets_[i], layers_[i]->num_params()), in,
-                         acts_[i + 1].data(), grads_acts_[i + 1].data(),
-                         grads.subspan(param_offsets_[i], layers_[i]->num_params()), dx, batch);
+    layers_[i]->Backward(LayerParams(params, i), in, acts_[i + 1].data(),
+                         grads_acts_[i + 1].data(),
+                         grads.subspan(param_offsets_[i], layers_[i]->num_params()), dx,
+                         LayerPass(i, batch, /*training=*/true, key));
   }
-  return loss;
 }
 
 EvalResult Model::Evaluate(std::span<const float> params, const float* x, const uint8_t* labels,
                            size_t batch) {
-  PSGD_CHECK_GE(batch, size_t{1});
-  PSGD_CHECK_LE(batch, max_batch_);
-  PSGD_CHECK_EQ(params.size(), num_params_);
+  ForwardAll(params, x, batch, /*training=*/false, BatchKey{});
   const size_t n = layers_.size();
-
-  for (size_t i = 0; i < n; i++) {
-    const float* in = i == 0 ? x : acts_[i].data();
-    layers_[i]->Forward(params.subspan(param_offsets_[i], layers_[i]->num_params()), in,
-                        acts_[i + 1].data(), batch);
-  }
-
   const size_t classes = num_classes();
   EvalResult result;
   for (size_t i = 0; i < batch; i++) {
@@ -181,6 +213,10 @@ EvalResult Model::Evaluate(std::span<const float> params, const float* x, const 
   }
   result.count = static_cast<int64_t>(batch);
   return result;
+}
+
+std::string ToString(const Shape& shape) {
+  return fmt::format("{}x{}x{}", shape.channels, shape.height, shape.width);
 }
 
 }  // namespace pipesgd::layers

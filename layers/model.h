@@ -24,34 +24,63 @@ struct EvalResult {
   int64_t count = 0;
 };
 
+// Where a training batch sits in the run, for layers that draw random numbers (Dropout): layer
+// i gets Pass::key = RandomKey(seed, step, i) and Pass::first_row = first_row (layers/rng.h).
+struct BatchKey {
+  uint64_t seed = 0;       // the run's seed (train.seed)
+  uint64_t step = 0;       // global step
+  uint64_t first_row = 0;  // global row of this rank's first sample (rank * per-rank batch)
+};
+
 class Model {
  public:
-  // `layers` in order; each layer's in_features must equal the previous out_features
-  // (Error kInvalidArgument otherwise, naming both layers). The last out_features is the number
-  // of classes. `max_batch` bounds the batch of every later call (activations are allocated once).
+  // `layers` in order; each layer's in_shape must equal the previous out_shape
+  // (Error kInvalidArgument otherwise, naming both layers and both shapes). The last layer's
+  // out_features is the number of classes. `max_batch` bounds the batch of every later call
+  // (activations and workspaces are allocated once).
   Model(std::vector<std::unique_ptr<Layer>> layers, size_t max_batch);
 
   size_t num_params() const { return num_params_; }
-  size_t in_features() const;
+  Shape in_shape() const;
+  size_t in_features() const { return in_shape().size(); }
   size_t num_classes() const;
   size_t max_batch() const { return max_batch_; }
   // e.g. "linear(784->256) relu linear(256->128) relu linear(128->10): 235146 params".
   std::string Describe() const;
+  // Bytes held for activations, their gradients and the layers' workspaces (at max_batch).
+  size_t scratch_bytes() const;
 
   // Writes the initial parameters for `seed` (same seed -> bitwise same params, on any rank).
   void Init(std::span<float> params, uint64_t seed) const;
 
-  // One forward and backward pass on x (B, in) with labels (B) in [0, num_classes):
+  // One training forward and backward pass on x (B, in) with labels (B) in [0, num_classes):
   // OVERWRITES grads (num_params) with the gradient of the MEAN loss over the batch and returns
-  // that mean loss. REQUIRES: 1 <= batch <= max_batch, labels in range.
+  // that mean loss. `key` seeds the random layers (same key -> bitwise same result).
+  // REQUIRES: 1 <= batch <= max_batch, labels in range.
   float ForwardBackward(std::span<const float> params, const float* x, const uint8_t* labels,
-                        size_t batch, std::span<float> grads);
+                        size_t batch, std::span<float> grads, const BatchKey& key = {});
+  // The same in two halves, for callers that time them separately (the timeline): Forward
+  // stores the activations and the loss gradient and returns the mean loss; Backward
+  // (REQUIRES: right after Forward with the same params, x, batch and key) writes grads.
+  float Forward(std::span<const float> params, const float* x, const uint8_t* labels,
+                size_t batch, const BatchKey& key = {});
+  void Backward(std::span<const float> params, const float* x, size_t batch,
+                std::span<float> grads, const BatchKey& key = {});
 
-  // Forward only; accumulates loss and accuracy over the batch. REQUIRES as above.
+  // Forward only, in evaluation mode (Dropout is the identity); accumulates loss and accuracy
+  // over the batch. REQUIRES as above.
   EvalResult Evaluate(std::span<const float> params, const float* x, const uint8_t* labels,
                       size_t batch);
 
  private:
+  // Runs every layer forward; leaves the logits in acts_.back().
+  void ForwardAll(std::span<const float> params, const float* x, size_t batch, bool training,
+                  const BatchKey& key);
+  Pass LayerPass(size_t i, size_t batch, bool training, const BatchKey& key);
+  std::span<const float> LayerParams(std::span<const float> params, size_t i) const {
+    return params.subspan(param_offsets_[i], layers_[i]->num_params());
+  }
+
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<size_t> param_offsets_;  // start of each layer's slice in the parameter buffer
   size_t num_params_ = 0;
@@ -59,6 +88,9 @@ class Model {
   // acts_[i] is the input of layer i (B, in_i); acts_.back() holds the logits.
   std::vector<std::vector<float>> acts_;
   std::vector<std::vector<float>> grads_acts_;  // same shapes, dLoss/dacts
+  // workspaces_[i] is layer i's Pass::workspace (workspace_bytes(max_batch) bytes; operator new
+  // aligns it for any scalar type).
+  std::vector<std::vector<std::byte>> workspaces_;
 };
 
 // Softmax cross-entropy on logits (B, C): returns the mean loss and writes dlogits (B, C) =

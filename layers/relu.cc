@@ -14,12 +14,12 @@ namespace {
 
 class Relu final : public Layer {
  public:
-  explicit Relu(size_t features) : features_(features) {}
+  explicit Relu(const Shape& shape) : shape_(shape), features_(shape.size()) {}
 
   // No size: the neighbouring linear layers already say it (see Model::Describe).
   std::string name() const override { return "relu"; }
-  size_t in_features() const override { return features_; }
-  size_t out_features() const override { return features_; }
+  Shape in_shape() const override { return shape_; }
+  Shape out_shape() const override { return shape_; }
   size_t num_params() const override { return 0; }
 
   void Init(std::span<float> params, Rng& rng) const override {
@@ -27,31 +27,37 @@ class Relu final : public Layer {
   }
 
   void Forward(std::span<const float> params, const float* x, float* y,
-               size_t batch) const override {
-    const size_t n = batch * features_;  // x, y (B, features)
+               const Pass& pass) const override {
+    const size_t n = pass.batch * features_;  // x, y (B, features)
     // Written as "x < 0 ? 0 : x" rather than "x > 0 ? x : 0" so that a NaN passes through and
     // a diverged model shows up as a non-finite loss instead of being silently zeroed here.
     for (size_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];
   }
 
   void Backward(std::span<const float> params, const float* x, const float* y, const float* dy,
-                std::span<float> grads, float* dx, size_t batch) const override {
+                std::span<float> grads, float* dx, const Pass& pass) const override {
     PSGD_CHECK_EQ(grads.size(), size_t{0});
     if (dx == nullptr) return;  // nothing to learn here, and nobody wants the input gradient
-    const size_t n = batch * features_;  // x, dy, dx (B, features)
+    const size_t n = pass.batch * features_;  // x, dy, dx (B, features)
     // Subgradient 0 at exactly x == 0, as PyTorch does.
     for (size_t i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
   }
 
  private:
-  size_t features_;
+  Shape shape_;
+  size_t features_;  // shape_.size()
 };
 
 }  // namespace
 
-std::unique_ptr<Layer> MakeRelu(size_t features) {
-  if (features == 0) Throw(ErrorCode::kInvalidArgument, "relu layer needs at least one feature");
-  return std::make_unique<Relu>(features);
+std::unique_ptr<Layer> MakeRelu(const Shape& shape) {
+  if (shape.size() == 0) {
+    Throw(ErrorCode::kInvalidArgument, "relu layer needs at least one feature, got shape {}",
+          ToString(shape));
+  }
+  return std::make_unique<Relu>(shape);
 }
+
+std::unique_ptr<Layer> MakeRelu(size_t features) { return MakeRelu(Shape{features, 1, 1}); }
 
 }  // namespace pipesgd::layers

@@ -23,7 +23,7 @@ echo "arm64_check: packages ready after $((SECONDS - start)) s"
 layers=ON build=build-arm64
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
-  -DPIPESGD_WITH_UCX=OFF -DPIPESGD_WITH_IBVERBS=OFF -DPIPESGD_WITH_CUDA=OFF \
+  -DPIPESGD_WITH_UCX=OFF -DPIPESGD_WITH_IBVERBS=OFF -DPIPESGD_CUDA=OFF \
   -DPIPESGD_BUILD_LAYERS=$layers -DPIPESGD_BUILD_LAUNCHER=OFF -DPIPESGD_BUILD_TESTS=ON > /dev/null
 if [[ $mode == full ]]; then
   cmake --build "$build" -j "$jobs"

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 jobs=${JOBS:-2}
 [[ ${1:-} == -j ]] && jobs=$2
 cmake -S . -B build-minimal -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DPIPESGD_WITH_UCX=OFF -DPIPESGD_WITH_IBVERBS=OFF -DPIPESGD_WITH_CUDA=OFF \
+  -DPIPESGD_WITH_UCX=OFF -DPIPESGD_WITH_IBVERBS=OFF -DPIPESGD_CUDA=OFF \
   -DPIPESGD_BUILD_LAYERS=ON -DPIPESGD_BUILD_LAUNCHER=OFF -DPIPESGD_BUILD_TESTS=ON
 cmake --build build-minimal -j "$jobs"
 # Nothing optional slipped in: the transport library must not define UCX/ibverbs/CUDA.

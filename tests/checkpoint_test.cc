@@ -194,6 +194,8 @@ struct ResumeCase {
   int width;
   bool compressed;  // q8 with stochastic rounding and error feedback: residuals and the
                     // collective sequence (it keys the rounding noise) must be restored too
+  bool dropout = false;  // a dropout layer in place of the first relu: its masks are keyed by
+                         // (seed, step, row), so the resumed run must draw the same ones
 };
 
 std::vector<std::string> Job(const fs::path& ckpt_dir, const ResumeCase& c) {
@@ -202,6 +204,10 @@ std::vector<std::string> Job(const fs::path& ckpt_dir, const ResumeCase& c) {
           "--set", "train.pipeline_width=" + std::to_string(c.width),
           "--set", "train.progress_per_epoch=0",
           "--set", "checkpoint.dir=" + ckpt_dir.string(), "--set", "checkpoint.every_steps=30"};
+  if (c.dropout) {
+    argv.push_back("--set");
+    argv.push_back("model.layers[1]={ dropout { p: 0.2 } }");
+  }
   if (c.compressed) {
     for (const char* s : {"comm.compression=q8", "comm.stochastic_rounding=true",
                           "comm.error_feedback=true", "comm.min_bytes=0"}) {
@@ -264,17 +270,19 @@ TEST_P(Resume, AfterAKillGivesBitwiseTheSameFinalWeights) {
     ASSERT_EQ(expected.size(), 235146u);  // 784*256+256 + 256*128+128 + 128*10+10
     ASSERT_EQ(got.size(), expected.size());
     EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
-        << "width " << width << (param.compressed ? " q8+EF" : "") << " rank " << rank
+        << "width " << width << (param.compressed ? " q8+EF" : "")
+        << (param.dropout ? " dropout" : "") << " rank " << rank
         << ": resumed weights differ";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Resume,
                          ::testing::Values(ResumeCase{1, false}, ResumeCase{2, false},
-                                           ResumeCase{2, true}),
+                                           ResumeCase{2, true}, ResumeCase{2, false, true}),
                          [](const auto& param_info) {
-                           return fmt::format("width{}{}", param_info.param.width,
-                                              param_info.param.compressed ? "_q8_ef" : "");
+                           return fmt::format("width{}{}{}", param_info.param.width,
+                                              param_info.param.compressed ? "_q8_ef" : "",
+                                              param_info.param.dropout ? "_dropout" : "");
                          });
 
 TEST(ResumeErrors, NoCheckpointDirOrNoCheckpointIsAClearError) {

@@ -17,6 +17,8 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <set>
+
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
@@ -113,6 +115,30 @@ TEST_P(MainJob, ReachesAccuracyWithinThreeEpochs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, MainJob, ::testing::Values(1, 2));
+
+// The CNN job (configs/fashion_mnist_cnn.pbtxt), CI-sized: 4 workers, width 2, the first 20000
+// training samples for 2 epochs, the first 2000 test samples. It reached 0.841 here (the run is
+// deterministic; the margin covers other BLAS kernels' rounding). The full job (60000 samples,
+// 4 epochs) reaches 0.9033, measured by the command in docs/results/cnn.md, too long for CI.
+TEST(CnnJob, CiSizedRunReachesAccuracy) {
+  TempDir dir;
+  const std::string config = std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_cnn.pbtxt";
+  auto r = RunCommand({kBinary, "run", "-np", "4", config, "--set", "data.train_limit=20000",
+                       "--set", "data.test_limit=2000", "--set", "train.epochs=2", "--set",
+                       "train.progress_per_epoch=0", "--out", dir.path("out")},
+                      {}, 600);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("conv2d(1x28x28->16x28x28, k5 s1 p2)"), std::string::npos) << r.out;
+  std::ifstream summary_file(dir.path("out/summary.json"));
+  ASSERT_TRUE(summary_file) << "no summary.json";
+  auto summary = nlohmann::json::parse(summary_file);
+  const double accuracy = summary.at("final_test_accuracy").get<double>();
+  EXPECT_GE(accuracy, 0.82);
+  EXPECT_EQ(summary.at("pipeline_width"), 2);
+  EXPECT_EQ(summary.at("world_size"), 4);
+  std::printf("cnn (CI-sized): final test accuracy %.4f in %.1f s\n", accuracy,
+              summary.at("wall_s").get<double>());
+}
 
 // The main job with compression, width 2, same seed and epochs: final test accuracy within 0.5
 // points of the uncompressed run, and the wire carries 2x (trunc16) or ~4x (q8) fewer bytes.
@@ -261,6 +287,13 @@ TEST(BadInput, TestImagesOfAnotherShape) {
 TEST(BadInput, HugeModelIsRefusedBeforeAllocating) {
   ExpectError(Worker({"model.layers[4].linear.out_features=2000000000"}),
               {"parameters", "GiB", "more than this machine's"});
+}
+
+TEST(BadInput, ImagesOfAnotherShapeThanTheModelInput) {
+  ExpectError(Worker({"model.input_height=32"}),
+              {"model.input_channels x input_height x input_width = 1x32x28", "expected 1x28x28",
+               "train-images-idx3-ubyte.gz"});
+  ExpectError(Worker({"model.input_channels=3"}), {"= 3x28x28", "one channel"});
 }
 
 TEST(BadInput, OutputDirectoryInUseByAnotherJob) {
@@ -627,6 +660,88 @@ TEST(Cli, HelpListsSubcommands) {
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("--set"), std::string::npos);
   EXPECT_NE(r.out.find("--out"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipesgd
+
+// --- issue 6: baselines, timing models, timeline -------------------------------------------
+
+namespace pipesgd {
+namespace {
+
+TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
+  // The hand-computed case of timing_model_test: W = 4, M = 4 MB, 100 us, 125 MB/s, C = 10 ms,
+  // U = 1 ms, rho = 1 ns/B, o = 10 us, chunk 1 MB, no codec cost: ring_sync 65.6 ms,
+  // pipe_k2 54.6 ms, ps_sync 283.2 ms, ps_async 128.0 ms.
+  TempDir dir;
+  auto r = RunCommand({kBinary, "model", "--workers", "4", "--model-bytes", "4e6", "--latency-s",
+                       "1e-4", "--bandwidth-Bps", "1.25e8", "--compute-s", "0.01", "--update-s",
+                       "0.001", "--reduce-s-per-byte", "1e-9", "--chunk-overhead-s", "1e-5",
+                       "--chunk-bytes", "1e6", "--json", dir.path("m.json")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string out;  // the table with runs of spaces collapsed
+  for (char c : r.out) {
+    if (c != ' ' || out.empty() || out.back() != ' ') out += c;
+  }
+  EXPECT_NE(out.find("ring_sync none 1000000 65.600"), std::string::npos) << r.out;
+  EXPECT_NE(out.find("pipe_k2 none 1000000 54.600"), std::string::npos) << r.out;
+  EXPECT_NE(out.find("ps_sync none - 283.200"), std::string::npos) << r.out;
+  EXPECT_NE(out.find("ps_async none - 128.000"), std::string::npos) << r.out;
+  // Codecs without a probe cost nothing but shrink the bytes: q8 (r = 4) with width 2 wins.
+  EXPECT_NE(r.out.find("best: pipe_k2, compression q8, pipeline width 2, chunk 1000000 B"),
+            std::string::npos) << r.out;
+  std::ifstream in(dir.path("m.json"));
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["best"]["scheme"], "pipe_k2");
+  EXPECT_EQ(j["rows"].size(), 16u);
+  // Missing inputs are named.
+  auto bad = RunCommand({kBinary, "model", "--workers", "4"});
+  ExpectError(bad, {"--model-bytes", "--latency-s", "--compute-s"});
+}
+
+TEST(ParameterServer, OneRankIsRefusedByName) {
+  ExpectError(Worker({"train.mode=PS_SYNC"}), {"train.mode = PS_SYNC needs at least 2 ranks"});
+  ExpectError(Worker({"train.mode=sdpipe"}),
+              {"sdpipe.min_group = 2: expected an integer in [1, world size 1]"});
+}
+
+// PS_SYNC and PS_ASYNC end to end (rank 0 serves, 2 workers), and a timeline of a width-2 run
+// merged from its ranks.
+TEST(ParameterServer, TrainsAndReportsAndTimelineMerges) {
+  TempDir dir;
+  for (const char* mode : {"PS_SYNC", "PS_ASYNC"}) {
+    auto r = RunCommand({kBinary, "run", "-np", "3", kConfig, "--set", std::string("train.mode=") + mode,
+                         "--set", "train.max_steps=150", "--set", "train.epochs=1", "--set",
+                         "data.train_limit=4800", "--set", "data.test_limit=1000", "--out",
+                         dir.path(mode)},
+                        {}, 300);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    // Sync: one update per step; async: one per push, 2 workers x 150 steps.
+    const std::string updates = std::string(mode) == "PS_SYNC" ? "150" : "300";
+    EXPECT_NE(r.out.find("parameter server: " + updates + " updates applied"), std::string::npos)
+        << r.out;
+    std::ifstream in(dir.path(mode) + "/summary.json");
+    const auto s = nlohmann::json::parse(in);
+    EXPECT_EQ(s["steps"], 150);
+    EXPECT_GT(s["final_test_accuracy"].get<double>(), 0.70) << mode;
+  }
+  const std::string tl = dir.path("tl.json");
+  auto r = RunCommand({kBinary, "run", "-np", "2", kConfig, "--set", "train.max_steps=30", "--set",
+                       "train.epochs=1", "--set", "data.train_limit=2000", "--set",
+                       "data.test_limit=500", "--timeline", tl, "--timeline-first-step", "10",
+                       "--timeline-steps", "5"},
+                      {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream in(tl);
+  const auto j = nlohmann::json::parse(in);
+  std::set<std::pair<int, int64_t>> forward;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X" && e["name"] == "forward") {
+      forward.insert({e["pid"].get<int>(), e["args"]["step"].get<int64_t>()});
+    }
+  }
+  EXPECT_EQ(forward.size(), 10u);  // 2 ranks x steps 10..14
 }
 
 }  // namespace

@@ -295,7 +295,9 @@ TEST_F(ConfigTest, LayerWithoutKindIsRejected) {
       "  layers { linear { out_features: 10 } }\n"
       "}\n");
   EXPECT_STREQ(LoadError(path).what(),
-               (path + ":3:3: model.layers[1] = {}: expected a layer kind (linear or relu)").c_str());
+               (path + ":3:3: model.layers[1] = {}: expected a layer kind (linear, relu, conv2d, "
+                       "max_pool2d, dropout or flatten)")
+                   .c_str());
 }
 
 TEST_F(ConfigTest, ModelMustEndWithALinearLayer) {
@@ -317,6 +319,105 @@ TEST_F(ConfigTest, LinearWithoutOutFeaturesPointsAtTheLayer) {
                (path + ":2:12: model.layers[0].linear.out_features is not set: expected an "
                        "integer >= 1")
                    .c_str());
+}
+
+// --- convolutional models ---------------------------------------------------------------------
+
+const std::string kCnnConfig = std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_cnn.pbtxt";
+
+TEST_F(ConfigTest, ShippedCnnConfigLoadsWithDefaults) {
+  config::Job job = LoadJobConfig(kCnnConfig, {});
+  ASSERT_GE(job.model().layers_size(), 8);
+  const config::Conv2d& conv = job.model().layers(0).conv2d();
+  EXPECT_GE(conv.out_channels(), 1);
+  EXPECT_EQ(conv.stride(), 1);  // default
+  EXPECT_EQ(job.model().layers(2).max_pool2d().stride(), 0);  // 0 = kernel_size
+  EXPECT_EQ(job.model().input_channels(), 1);
+  EXPECT_EQ(job.model().input_height(), 28);
+  // Defaults of the fields the file leaves out.
+  config::Job small = LoadJobConfig(
+      Write("model {\n  layers { conv2d { out_channels: 2 kernel_size: 3 } }\n"
+            "  layers { dropout {} }\n  layers { max_pool2d { kernel_size: 2 } }\n"
+            "  layers { linear { out_features: 10 } }\n}\n"),
+      {});
+  EXPECT_EQ(small.model().layers(0).conv2d().padding(), 0);
+  EXPECT_EQ(small.model().layers(1).dropout().p(), 0.5f);
+  EXPECT_EQ(small.model().input_width(), 28);
+}
+
+// The loader follows the shapes through the layers and points at the first that cannot work.
+TEST_F(ConfigTest, ShapesThatDoNotChainNameTheLayerTheValueAndTheInput) {
+  // 28 -> conv k5 s4 p0: 6x6 -> pool 2: 3x3 -> conv k5 p0: the kernel is larger than 3.
+  std::string path = Write(
+      "model {\n"
+      "  layers { conv2d { out_channels: 4 kernel_size: 5 stride: 4 } }\n"
+      "  layers { max_pool2d { kernel_size: 2 } }\n"
+      "  layers { conv2d { out_channels: 8 kernel_size: 5 } }\n"
+      "  layers { linear { out_features: 10 } }\n"
+      "}\n");
+  EXPECT_STREQ(LoadError(path).what(),
+               (path + ":4:37: model.layers[2].conv2d.kernel_size = 5: expected at most 3, the "
+                       "padded height and width of its input (4x3x3 from model.layers[1] with "
+                       "padding 0 on each side)")
+                   .c_str());
+  // With padding 1 it fits (3 + 2 = 5).
+  EXPECT_NO_THROW(LoadJobConfig(path, {"model.layers[2].conv2d.padding=1"}));
+
+  // A pool larger than the input, first layer: names the model input; non-square input.
+  EXPECT_THAT(InvalidMessage("model { input_height: 3 input_width: 9\n"
+                             "  layers { max_pool2d { kernel_size: 4 } }\n"
+                             "  layers { linear { out_features: 10 } } }\n"),
+              HasSubstr("model.layers[0].max_pool2d.kernel_size = 4: expected at most 3, the "
+                        "height and width of its input (the model input 1x3x9)"));
+
+  // After a linear layer the activation is flat (N x 1 x 1): a conv kernel of 3 cannot fit.
+  EXPECT_THAT(InvalidMessage("model { layers { linear { out_features: 64 } }\n"
+                             "  layers { conv2d { out_channels: 2 kernel_size: 3 } }\n"
+                             "  layers { linear { out_features: 10 } } }\n"),
+              HasSubstr("model.layers[1].conv2d.kernel_size = 3: expected at most 1, the padded "
+                        "height and width of its input (64x1x1 from model.layers[0]"));
+
+  // An override that breaks the chain is named instead of a line.
+  EXPECT_THAT(LoadError(kCnnConfig, {"model.layers[0].conv2d.kernel_size=40"}).what(),
+              HasSubstr("--set model.layers[0].conv2d.kernel_size=40: "
+                        "model.layers[0].conv2d.kernel_size = 40: expected at most 32"));
+
+  // Activations beyond 2^31-1 floats per sample.
+  EXPECT_THAT(InvalidMessage("model { input_height: 30000 input_width: 30000\n"
+                             "  layers { conv2d { out_channels: 64 kernel_size: 1 } }\n"
+                             "  layers { linear { out_features: 10 } } }\n"),
+              HasSubstr("model.layers[0] = { conv2d { out_channels: 64 kernel_size: 1 "));
+}
+
+TEST_F(ConfigTest, CnnFieldRanges) {
+  const std::string cnn =
+      "model { layers { conv2d { out_channels: 2 kernel_size: 3 } }\n"
+      "  layers { max_pool2d { kernel_size: 2 } } layers { dropout { } }\n"
+      "  layers { flatten { } } layers { linear { out_features: 10 } } }\n";
+  const std::string path = Write(cnn);
+  EXPECT_NO_THROW(LoadJobConfig(path, {}));
+  for (const char* bad : {"model.layers[0].conv2d.out_channels=0",
+                          "model.layers[0].conv2d.kernel_size=0", "model.layers[0].conv2d.stride=0",
+                          "model.layers[0].conv2d.padding=-1",
+                          "model.layers[1].max_pool2d.kernel_size=0",
+                          "model.layers[1].max_pool2d.stride=-1", "model.layers[2].dropout.p=1",
+                          "model.layers[2].dropout.p=-0.1", "model.layers[2].dropout.p=nan"}) {
+    const std::string field = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_THAT(LoadError(path, {bad}).what(),
+                AllOf(HasSubstr("--set " + std::string(bad) + ": " + field + " = "),
+                      HasSubstr(": expected ")))
+        << bad;
+  }
+  for (const char* good : {"model.layers[2].dropout.p=0", "model.layers[2].dropout.p=0.99",
+                           "model.layers[1].max_pool2d.stride=1",
+                           "model.layers[0].conv2d.padding=5"}) {
+    EXPECT_NO_THROW(LoadJobConfig(path, {good})) << good;
+  }
+  // Unset required values point at their layer.
+  EXPECT_THAT(InvalidMessage("model { layers { conv2d { kernel_size: 3 } }\n"
+                             "  layers { linear { out_features: 10 } } }\n"),
+              HasSubstr("model.layers[0].conv2d.out_channels is not set: expected an integer "
+                        ">= 1"));
 }
 
 // Ranges of the fields not covered above, one override each, both sides of each bound.
@@ -371,7 +472,9 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"comm.ib_port=256", false}, RangeCase{"comm.ib_port=-1", false},
         RangeCase{"comm.gid_index=-1", true}, RangeCase{"comm.gid_index=255", true},
         RangeCase{"comm.gid_index=-2", false}, RangeCase{"comm.gid_index=256", false},
-        RangeCase{"model.layers[0].linear.out_features=0", false}));
+        RangeCase{"model.layers[0].linear.out_features=0", false},
+        RangeCase{"model.input_channels=0", false}, RangeCase{"model.input_height=-1", false},
+        RangeCase{"model.input_width=0", false}, RangeCase{"model.input_width=1", true}));
 
 // What ranks compare at rendezvous leaves out machine-local settings (interface and RDMA device
 // names differ between hosts) but keeps the transport.
@@ -488,10 +591,10 @@ TEST_F(ConfigTest, OverrideWithUnknownFieldListsTheFields) {
   EXPECT_STREQ(LoadError(kShipped, {"train.pipeline_widht=1"}).what(),
                "--set train.pipeline_widht=1: no field 'pipeline_widht' in pipesgd.config.Train "
                "(fields: batch_size, learning_rate, momentum, weight_decay, epochs, seed, "
-               "pipeline_width, max_steps, progress_per_epoch)");
+               "pipeline_width, max_steps, progress_per_epoch, mode)");
   EXPECT_STREQ(LoadError(kShipped, {"trian.epochs=1"}).what(),
                "--set trian.epochs=1: no field 'trian' in pipesgd.config.Job "
-               "(fields: model, data, train, comm, checkpoint)");
+               "(fields: model, data, train, comm, checkpoint, sdpipe, straggler)");
 }
 
 TEST_F(ConfigTest, OverrideOutOfRangeNamesTheOverride) {
@@ -549,6 +652,79 @@ TEST_F(ConfigTest, FailedOverrideLeavesNoHalfAddedElement) {
   EXPECT_THAT(LoadError(kShipped, {"model.layers[5]={linear {out_features: x}}"}).what(),
               HasSubstr("--set model.layers[5]={linear {out_features: x}}: expected a "
                         "pipesgd.config.Layer message"));
+}
+
+// model.device / model.gpu_index (issue 8): defaults, the GPU index range, gpu_index without
+// CUDA, and CUDA in a build without the backend.
+TEST_F(ConfigTest, ModelDeviceAndGpuIndex) {
+  const config::Job job = LoadJobConfig(Write(kModel), {});
+  EXPECT_EQ(job.model().device(), config::Model::CPU);
+  EXPECT_EQ(job.model().gpu_index(), -1);
+  EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.device=CUDA", "model.gpu_index=1024"}),
+              HasSubstr("model.gpu_index = 1024: expected an integer in [-1, 1023]"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.gpu_index=0"}),
+              HasSubstr("model.gpu_index = 0: applies only to model.device: CUDA (device is CPU)"));
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  const config::Job cuda = LoadJobConfig(Write(kModel), {"model.device=cuda", "model.gpu_index=3"});
+  EXPECT_EQ(cuda.model().device(), config::Model::CUDA);
+  EXPECT_EQ(cuda.model().gpu_index(), 3);
+#else
+  EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.device=CUDA"}),
+              HasSubstr("model.device = CUDA: this pipesgd was built without the CUDA backend"));
+#endif
+}
+
+}  // namespace
+}  // namespace pipesgd::launcher
+
+namespace pipesgd::launcher {
+namespace {
+
+using ::testing::HasSubstr;
+
+// train.mode, job.sdpipe and job.straggler (issue 10): defaults, and bad values named.
+TEST(SdpipeConfig, DefaultsAreTheNotesAndBadValuesAreNamed) {
+  const std::string shipped =
+      std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp.pbtxt";
+  config::Job job = LoadJobConfig(shipped, {});
+  EXPECT_EQ(job.train().mode(), config::RING);
+  EXPECT_EQ(job.sdpipe().period(), 10);
+  EXPECT_EQ(job.sdpipe().window_init_s(), 0.001);
+  EXPECT_EQ(job.sdpipe().window_min_s(), 0.00001);
+  EXPECT_EQ(job.sdpipe().window_max_s(), 0.01);
+  EXPECT_EQ(job.sdpipe().window_grow(), 2);
+  EXPECT_EQ(job.sdpipe().window_shrink(), 0.9);
+  EXPECT_EQ(job.sdpipe().min_group(), 2);
+  EXPECT_EQ(job.straggler().ranks_size(), 0);
+  EXPECT_EQ(job.straggler().probability(), 0.1);
+  job = LoadJobConfig(shipped, {"train.mode=sdpipe", "straggler.ranks[0]=3",
+                                "straggler.sleep_s=0.5"});
+  EXPECT_EQ(job.train().mode(), config::SDPIPE);
+  EXPECT_EQ(job.straggler().ranks(0), 3);
+  auto message = [&](const std::vector<std::string>& sets) -> std::string {
+    try {
+      LoadJobConfig(shipped, sets);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(message({"train.mode=ps_sync"}), "(accepted)");
+  EXPECT_THAT(message({"sdpipe.period=0"}), HasSubstr("sdpipe.period"));
+  EXPECT_THAT(message({"sdpipe.window_shrink=1.5"}),
+              HasSubstr("sdpipe.window_shrink = 1.5: expected a factor in (0, 1]"));
+  EXPECT_THAT(message({"sdpipe.window_init_s=0.5"}),
+              HasSubstr("sdpipe.window_init_s = 0.5: expected seconds in [window_min_s, "
+                        "window_max_s] = [1e-05, 0.01]"));
+  EXPECT_THAT(message({"sdpipe.window_max_s=0.000001"}),
+              HasSubstr("sdpipe.window_max_s = 1e-06: expected >= sdpipe.window_min_s = 1e-05"));
+  EXPECT_THAT(message({"sdpipe.window_grow=0.5"}), HasSubstr("sdpipe.window_grow"));
+  EXPECT_THAT(message({"sdpipe.min_group=0"}), HasSubstr("sdpipe.min_group"));
+  EXPECT_THAT(message({"straggler.probability=2"}),
+              HasSubstr("straggler.probability = 2: expected a probability in [0, 1]"));
+  EXPECT_THAT(message({"straggler.sleep_s=-1"}), HasSubstr("straggler.sleep_s"));
+  EXPECT_THAT(message({"straggler.ranks[0]=-2"}), HasSubstr("straggler.ranks[0]"));
 }
 
 }  // namespace

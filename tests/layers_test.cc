@@ -18,6 +18,7 @@
 #include "layers/model.h"
 #include "layers/rng.h"
 #include "layers/sgd.h"
+#include "tests/support/gradcheck.h"
 
 namespace pipesgd::layers {
 namespace {
@@ -25,40 +26,16 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::vector<float> RandomVector(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = rng.Uniform(lo, hi);
-  return v;
-}
+using testing::CentralDifference;
+using testing::Dot;
+using testing::RandomVector;
+using testing::RelErr;
 
-// |a - b| relative to the larger magnitude; the floor keeps a gradient that is ~0 from failing on
-// pure rounding noise (it then compares by absolute error, scaled by the floor).
-double RelErr(double analytic, double numeric, double floor) {
-  return std::abs(analytic - numeric) /
-         std::max({std::abs(analytic), std::abs(numeric), floor});
-}
-
-// Central difference of f at v[j]; the step actually taken (after rounding to float) is used as
-// the denominator, not the nominal eps.
-template <typename F>
-double CentralDifference(std::vector<float>& v, size_t j, float eps, F f) {
-  const float saved = v[j];
-  v[j] = saved + eps;
-  const double up_at = v[j];
-  const double up = f();
-  v[j] = saved - eps;
-  const double down_at = v[j];
-  const double down = f();
-  v[j] = saved;
-  return (up - down) / (up_at - down_at);
-}
-
-// sum_ij r_ij * y_ij in double: a scalar "loss" whose gradient with respect to y is exactly r.
-double Dot(const std::vector<float>& r, const std::vector<float>& y) {
-  double sum = 0.0;
-  for (size_t i = 0; i < r.size(); i++) sum += static_cast<double>(r[i]) * y[i];
-  return sum;
+// A Pass for `batch` samples in evaluation mode without workspace (Linear and ReLU need none).
+Pass BatchOf(size_t batch) {
+  Pass pass;
+  pass.batch = batch;
+  return pass;
 }
 
 std::vector<float> InitParams(const Layer& layer, uint64_t seed) {
@@ -77,6 +54,40 @@ std::vector<std::unique_ptr<Layer>> Mlp(size_t in, size_t hidden, size_t out) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Shapes and counter-based random numbers
+
+TEST(ShapeTest, SizeAndText) {
+  const Shape s{32, 14, 7};
+  EXPECT_EQ(s.size(), 32u * 14 * 7);
+  EXPECT_EQ(ToString(s), "32x14x7");
+  EXPECT_EQ(Shape{}.size(), 1u);
+  EXPECT_EQ((Shape{5, 1, 1}), (Shape{5, 1, 1}));
+  EXPECT_NE((Shape{5, 1, 1}), (Shape{1, 5, 1}));
+}
+
+TEST(RngTest, HashIsTheRngStreamWithoutTheDrawsBefore) {
+  // A GPU thread computes draw i of a key alone; it must be the draw a CPU loop would make.
+  for (uint64_t key : {uint64_t{0}, uint64_t{1}, uint64_t{0xdeadbeefcafef00d}}) {
+    Rng rng(key);
+    for (uint64_t i = 0; i < 1000; i++) ASSERT_EQ(Hash(key, i), rng.NextU64()) << key << " " << i;
+  }
+  // SplitMix64 reference value (Vigna's splitmix64.c, seed 0, first output).
+  EXPECT_EQ(Hash(0, 0), 0xe220a8397b1dcdafULL);
+  EXPECT_EQ(UnitFloat(~uint64_t{0}), 1.0f - 1.0f / 16777216.0f);
+  EXPECT_EQ(UnitFloat(0), 0.0f);
+}
+
+TEST(RngTest, RandomKeysDifferAcrossSeedStepAndLayer) {
+  const uint64_t base = RandomKey(1, 0, 0);
+  EXPECT_EQ(base, RandomKey(1, 0, 0));
+  EXPECT_NE(base, RandomKey(2, 0, 0));
+  EXPECT_NE(base, RandomKey(1, 1, 0));
+  EXPECT_NE(base, RandomKey(1, 0, 1));
+  // (step, layer) is not a sum: step 1 layer 0 differs from step 0 layer 1.
+  EXPECT_NE(RandomKey(1, 1, 0), RandomKey(1, 0, 1));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Linear
 
 // W = [[1, 2], [3, 4], [5, 6]], b = [0.5, -1, 2]: small integers and halves, so every product
@@ -92,7 +103,7 @@ TEST(LinearTest, ForwardMatchesHandComputed) {
   EXPECT_EQ(linear->out_features(), 3u);
   ASSERT_EQ(linear->num_params(), kTinyParams.size());
   std::vector<float> y(6, kNaN);  // (2, 3); NaN shows any element left unwritten
-  linear->Forward(kTinyParams, kTinyX.data(), y.data(), 2);
+  linear->Forward(kTinyParams, kTinyX.data(), y.data(), BatchOf(2));
   // row 0: [1-2+0.5, 3-4-1, 5-6+2]; row 1: [2+1+0.5, 6+2-1, 10+3+2]
   const std::vector<float> expected = {-0.5f, -2, 1, 3.5f, 7, 15};
   EXPECT_EQ(y, expected);
@@ -101,13 +112,14 @@ TEST(LinearTest, ForwardMatchesHandComputed) {
 TEST(LinearTest, BackwardMatchesHandComputedAndOverwrites) {
   auto linear = MakeLinear(2, 3);
   std::vector<float> y(6);
-  linear->Forward(kTinyParams, kTinyX.data(), y.data(), 2);
+  linear->Forward(kTinyParams, kTinyX.data(), y.data(), BatchOf(2));
   const std::vector<float> dy = {1, 0, -1,  // (2, 3)
                                  2, 1, 0};
   // Garbage in grads and dx must not leak into the result (beta = 0).
   std::vector<float> grads(linear->num_params(), kNaN);
   std::vector<float> dx(4, kNaN);
-  linear->Backward(kTinyParams, kTinyX.data(), y.data(), dy.data(), grads, dx.data(), 2);
+  linear->Backward(kTinyParams, kTinyX.data(), y.data(), dy.data(), grads, dx.data(),
+                   BatchOf(2));
   // dW = dy^T x: row o = sum_b dy[b][o] * x[b]; db = column sums of dy.
   const std::vector<float> expected_grads = {5, 0, 2, 0.5f, -1, 1, /* db */ 3, 1, -1};
   EXPECT_EQ(grads, expected_grads);
@@ -117,7 +129,8 @@ TEST(LinearTest, BackwardMatchesHandComputedAndOverwrites) {
 
   // The first layer passes dx = null: same parameter gradient, nothing else written.
   std::vector<float> grads2(linear->num_params(), 123.0f);
-  linear->Backward(kTinyParams, kTinyX.data(), y.data(), dy.data(), grads2, nullptr, 2);
+  linear->Backward(kTinyParams, kTinyX.data(), y.data(), dy.data(), grads2, nullptr,
+                   BatchOf(2));
   EXPECT_EQ(grads2, expected_grads);
 }
 
@@ -129,14 +142,14 @@ TEST(LinearTest, GradientMatchesFiniteDifferences) {
   const std::vector<float> r = RandomVector(kBatch * kOut, 3);  // dLoss/dy
   std::vector<float> y(kBatch * kOut);
   auto loss = [&] {
-    linear->Forward(params, x.data(), y.data(), kBatch);
+    linear->Forward(params, x.data(), y.data(), BatchOf(kBatch));
     return Dot(r, y);
   };
 
   std::vector<float> grads(linear->num_params());
   std::vector<float> dx(kBatch * kIn);
   loss();
-  linear->Backward(params, x.data(), y.data(), r.data(), grads, dx.data(), kBatch);
+  linear->Backward(params, x.data(), y.data(), r.data(), grads, dx.data(), BatchOf(kBatch));
 
   // The loss is linear in each parameter and each input, so central differences are exact up to
   // float rounding of y; a large step keeps that rounding small relative to the difference.
@@ -185,12 +198,12 @@ TEST(ReluTest, ForwardBackwardValues) {
   EXPECT_EQ(relu->num_params(), 0u);
   const std::vector<float> x = {-1.5f, 0.0f, 2.0f, 1e-30f, -1e-30f};
   std::vector<float> y(5, kNaN);
-  relu->Forward({}, x.data(), y.data(), 1);
+  relu->Forward({}, x.data(), y.data(), BatchOf(1));
   EXPECT_EQ(y, (std::vector<float>{0, 0, 2, 1e-30f, 0}));
 
   const std::vector<float> dy = {10, 20, 30, 40, 50};
   std::vector<float> dx(5, kNaN);
-  relu->Backward({}, x.data(), y.data(), dy.data(), {}, dx.data(), 1);
+  relu->Backward({}, x.data(), y.data(), dy.data(), {}, dx.data(), BatchOf(1));
   // Gradient 0 at exactly 0 (PyTorch's choice) and below.
   EXPECT_EQ(dx, (std::vector<float>{0, 0, 30, 40, 0}));
 }
@@ -200,7 +213,7 @@ TEST(ReluTest, NaNPassesThrough) {
   auto relu = MakeRelu(1);
   const float x = kNaN;
   float y = 0;
-  relu->Forward({}, &x, &y, 1);
+  relu->Forward({}, &x, &y, BatchOf(1));
   EXPECT_TRUE(std::isnan(y));
 }
 
@@ -213,12 +226,12 @@ TEST(ReluTest, GradientMatchesFiniteDifferences) {
   const std::vector<float> r = RandomVector(kBatch * kFeatures, 12);
   std::vector<float> y(x.size());
   auto loss = [&] {
-    relu->Forward({}, x.data(), y.data(), kBatch);
+    relu->Forward({}, x.data(), y.data(), BatchOf(kBatch));
     return Dot(r, y);
   };
   loss();
   std::vector<float> dx(x.size());
-  relu->Backward({}, x.data(), y.data(), r.data(), {}, dx.data(), kBatch);
+  relu->Backward({}, x.data(), y.data(), r.data(), {}, dx.data(), BatchOf(kBatch));
 
   int zero_grads = 0;
   for (size_t j = 0; j < x.size(); j++) {
@@ -335,6 +348,32 @@ TEST(ModelTest, RejectsMismatchedLayersNamingBoth) {
   }
 }
 
+TEST(ModelTest, ShapesMustMatchNotJustSizes) {
+  // 24 floats either way, but a (2, 3, 4) activation is not a flat vector of 24: a layer built
+  // for one must not silently take the other.
+  std::vector<std::unique_ptr<Layer>> layers;
+  layers.push_back(MakeRelu(Shape{2, 3, 4}));
+  layers.push_back(MakeRelu(Shape{24, 1, 1}));
+  try {
+    Model model(std::move(layers), 4);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    const std::string message = e.what();
+    EXPECT_NE(message.find("2x3x4"), std::string::npos) << message;
+    EXPECT_NE(message.find("24x1x1"), std::string::npos) << message;
+  }
+  // Linear flattens its input itself: built on (2, 3, 4) it chains after the relu.
+  std::vector<std::unique_ptr<Layer>> ok;
+  ok.push_back(MakeRelu(Shape{2, 3, 4}));
+  ok.push_back(MakeLinear(Shape{2, 3, 4}, 5));
+  Model model(std::move(ok), 4);
+  EXPECT_EQ(model.in_shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(model.in_features(), 24u);
+  EXPECT_EQ(model.num_classes(), 5u);
+  EXPECT_EQ(model.Describe(), "relu linear(24->5): 125 params");
+}
+
 TEST(ModelTest, RejectsEmptyAndZeroBatch) {
   try {
     Model model({}, 4);
@@ -388,7 +427,7 @@ TEST(ModelTest, GradientMatchesFiniteDifferences) {
   auto min_abs_preactivation = [&](const std::vector<float>& x) {
     std::vector<float> z(kBatch * kHidden);  // (B, hidden)
     first->Forward(std::span<const float>(params).first(first->num_params()), x.data(),
-                   z.data(), kBatch);
+                   z.data(), BatchOf(kBatch));
     float min = kInf;
     for (float v : z) min = std::min(min, std::abs(v));
     return min;

@@ -45,8 +45,15 @@ using testing::RunRanks;
 
 // Counts allocations made by `calls` AllReduces after `warmup` of the same shape.
 std::string CountSteadyStateAllocations(const RankContext& ctx, uint64_t chunk_bytes, int streams,
-                                        size_t count) {
+                                        size_t count, bool timeline = false) {
   auto comm = testing::ConnectRing(ctx, chunk_bytes, streams);
+  // The recorder allocates its events once, here; recording a span allocates nothing.
+  std::unique_ptr<timeline::Recorder> recorder;
+  if (timeline) {
+    recorder = std::make_unique<timeline::Recorder>(ctx.rank, 0, 1000);
+    recorder->SetStep(timeline::kComm, 0);
+    comm->set_timeline(recorder.get());
+  }
   std::vector<float> data(count, 1.0f);
   for (int i = 0; i < 3; ++i) comm->AllReduce(data, ReduceOp::kSum, Deadline::After(30));
   const uint64_t before = g_allocations.load();
@@ -58,6 +65,7 @@ std::string CountSteadyStateAllocations(const RankContext& ctx, uint64_t chunk_b
   comm->AllReduce(std::span<float>(data).first(count / 3), ReduceOp::kSum, Deadline::After(30));
   comm->AllReduce(std::span<float>(data).first(0), ReduceOp::kSum, Deadline::After(30));
   const uint64_t after = g_allocations.load();
+  if (recorder && recorder->size() == 0) return std::string("no spans recorded");
   return fmt::format("{}", after - before);
 }
 
@@ -78,6 +86,17 @@ TEST(RingAllReduceAllocations, NoneInSteadyState) {
           << "rank " << r << " allocated during steady-state AllReduces (chunk_bytes "
           << c.chunk_bytes << ", streams " << c.streams << ", count " << c.count << ")";
     }
+  }
+}
+
+// With a timeline the ring records its per-chunk spans into preallocated storage: still none.
+TEST(RingAllReduceAllocations, NoneWithTimelineOn) {
+  auto results = RunRanks(3, [&](const RankContext& ctx) {
+    return CountSteadyStateAllocations(ctx, 4096, 1, 100003, /*timeline=*/true);
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    EXPECT_EQ(results[r].output, "0") << "rank " << r;
   }
 }
 

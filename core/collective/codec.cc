@@ -312,6 +312,10 @@ bool MinMax(const float* in, size_t n, float& mn, float& mx) {
   return bad == 0;
 }
 
+}  // namespace
+
+namespace codec_internal {
+
 float Q8Scale(float mn, float mx) {
   const double range = static_cast<double>(mx) - static_cast<double>(mn);
   if (!(range > 0.0)) return 0.0f;
@@ -324,7 +328,7 @@ float Q8Scale(float mn, float mx) {
   return scale;
 }
 
-inline bool Q8FastPath(float mn, float scale) {
+bool Q8FastPath(float mn, float scale) {
   return scale >= 0x1p-126f && scale <= 0x1p118f && std::fabs(mn) <= 0x1p126f;
 }
 
@@ -332,14 +336,20 @@ inline bool Q8FastPath(float mn, float scale) {
 // sequence through a mixing function), keyed per (seed, stream, index >> 32) with the 64-bit
 // SplitMix64 finalizer and mixed per element with a 32-bit finalizer (C. Wellons' "lowbias32")
 // so that the loop vectorizes. Returns u in [0, 1) on a 2^-24 grid.
-struct NoiseKey {
-  uint32_t lo, hi;
-};
-inline NoiseKey MakeNoiseKey(uint64_t seed, uint64_t stream, uint64_t segment) {
+NoiseKey MakeNoiseKey(uint64_t seed, uint64_t stream, uint64_t segment) {
   const uint64_t k =
       Mix64(Mix64(Mix64(seed + 0x9e3779b97f4a7c15ULL) + stream) + segment);
   return {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32)};
 }
+
+}  // namespace codec_internal
+
+namespace {
+
+using codec_internal::MakeNoiseKey;
+using codec_internal::NoiseKey;
+using codec_internal::Q8FastPath;
+using codec_internal::Q8Scale;
 inline float Noise(uint32_t index, NoiseKey key) {
   uint32_t x = (index ^ key.hi) * 0x9e3779b9u + key.lo;
   x ^= x >> 16;

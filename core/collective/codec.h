@@ -134,4 +134,18 @@ class Codec {
 // a misconfigured job fails instead of silently ignoring a setting. `seed` is never rejected.
 std::unique_ptr<Codec> MakeCodec(const CodecOptions& options);
 
+// Pieces of the q8 codec that the CUDA codecs (core/cuda/cuda_codec.h) share with the
+// CPU ones, so that both compute the header and the noise identically. Not for other callers.
+namespace codec_internal {
+// The stored scale of a chunk with smallest and largest values mn, mx (0 for a constant chunk).
+float Q8Scale(float mn, float mx);
+// Whether the float fast path applies to (mn, scale); else double arithmetic.
+bool Q8FastPath(float mn, float scale);
+// The stochastic-rounding noise key of elements [segment * 2^32, (segment + 1) * 2^32).
+struct NoiseKey {
+  uint32_t lo, hi;
+};
+NoiseKey MakeNoiseKey(uint64_t seed, uint64_t stream, uint64_t segment);
+}  // namespace codec_internal
+
 }  // namespace pipesgd

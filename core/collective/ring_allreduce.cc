@@ -86,6 +86,7 @@ std::unique_ptr<Communicator> Communicator::Create(
   std::unique_ptr<Communicator> comm(new Communicator());
   if (options.codec.kind != CodecKind::kNone) comm->codec_ = MakeCodec(options.codec);
   comm->rank_ = transport->rank();
+  comm->ring_pos_ = comm->rank_;
   comm->world_size_ = world_size;
   comm->options_ = options;
   comm->transport_ = std::move(transport);
@@ -104,6 +105,34 @@ std::unique_ptr<Communicator> Communicator::Create(
   comm->wait_header_ = fmt::format("a chunk header from rank {} (left neighbour)", left);
   comm->wait_payload_ = fmt::format("a chunk from rank {} (left neighbour)", left);
   comm->wait_send_ = fmt::format("a chunk send to rank {} (right neighbour)", right);
+  return comm;
+}
+
+std::unique_ptr<Communicator> Communicator::CreateOnConnections(
+    std::shared_ptr<transport::Transport> transport, int ring_pos, int ring_size,
+    std::vector<transport::Connection*> left, std::vector<transport::Connection*> right,
+    const CommunicatorOptions& options) {
+  PSGD_CHECK(ring_size >= 1 && ring_pos >= 0 && ring_pos < ring_size);
+  PSGD_CHECK_EQ(left.size(), right.size());
+  PSGD_CHECK(ring_size == 1 || !left.empty());
+  if (options.chunk_bytes % sizeof(float) != 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "chunk_bytes = {}: expected a positive multiple of 4, or 0 (auto)", options.chunk_bytes);
+  }
+  std::unique_ptr<Communicator> comm(new Communicator());
+  if (options.codec.kind != CodecKind::kNone) comm->codec_ = MakeCodec(options.codec);
+  comm->rank_ = transport->rank();
+  comm->ring_pos_ = ring_pos;
+  comm->world_size_ = ring_size;
+  comm->options_ = options;
+  comm->transport_ = std::move(transport);
+  if (ring_size == 1) return comm;
+  comm->left_ = std::move(left);
+  comm->right_ = std::move(right);
+  const int l = comm->left_[0]->peer_rank(), r = comm->right_[0]->peer_rank();
+  comm->wait_header_ = fmt::format("a chunk header from rank {} (left neighbour in the group)", l);
+  comm->wait_payload_ = fmt::format("a chunk from rank {} (left neighbour in the group)", l);
+  comm->wait_send_ = fmt::format("a chunk send to rank {} (right neighbour in the group)", r);
   return comm;
 }
 
@@ -349,7 +378,7 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
     return;
   }
 
-  const int r = rank_;
+  const int r = ring_pos_;
   const uint64_t chunk_bytes = options_.chunk_bytes != CommunicatorOptions::kAutoChunkBytes
                                    ? options_.chunk_bytes
                                    : AutoChunkBytes(data.size(), n);
@@ -422,6 +451,7 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
     const float* values = data.data() + range.offset;
     stats_.raw_payload_bytes += range.count * sizeof(float);
     if (!coded(range)) {
+      timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(index));
       PostChunk(send_slots_[index], seq, op, data.size(), index, CodecKind::kNone, values,
                 range.count * sizeof(float));
       return std::span<const std::byte>();
@@ -429,6 +459,7 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
     std::span<std::byte> bytes(send_arena_.data() + send_arena_used, wire_bytes(range));
     send_arena_used += bytes.size();
     try {
+      timeline::Span span(timeline_, timeline::kComm, "encode", static_cast<int64_t>(index));
       // Distinct noise per (collective, rank, chunk) for stochastic rounding.
       const uint64_t stream = (seq * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(r) << 48) ^ index;
       stats_.saturated += codec_->Encode({values, range.count}, bytes, stream).saturated;
@@ -436,7 +467,10 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
       throw error.Wrap(fmt::format("rank {}: compressing elements [{}, {}) of collective #{}", r,
                                    range.offset, range.offset + range.count, seq));
     }
-    PostChunk(send_slots_[index], seq, op, data.size(), index, kind, bytes.data(), bytes.size());
+    {
+      timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(index));
+      PostChunk(send_slots_[index], seq, op, data.size(), index, kind, bytes.data(), bytes.size());
+    }
     return std::span<const std::byte>(bytes);
   };
   const int left_rank = left_[0]->peer_rank();
@@ -470,6 +504,7 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
       const Range range = plan.Chunk(b, c);
       const bool encoded = coded(range);
       const uint64_t bytes = wire_bytes(range);
+      timeline::Span wait_span(timeline_, timeline::kComm, "wait", static_cast<int64_t>(index));
       wait(header_ops[index % 2], wait_header_.c_str());
       ThrowIfAbortNotice(headers[index % 2], index % left_.size(), seq);
       CheckHeader(headers[index % 2], seq, op, data.size(), index,
@@ -496,18 +531,22 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
         left_[(index + 1) % streams]->PostRecv(header_ops[(index + 1) % 2]);
       }
       wait(payload_op, wait_payload_.c_str());
+      wait_span.End();
       const std::span<const std::byte> received(static_cast<const std::byte*>(target), bytes);
 
       if (reduce_scatter) {
-        if (encoded) {
-          codec_->DecodeAdd(received, {values, range.count});
-        } else {
-          const float* src = scratch_.data();
-          for (uint64_t i = 0; i < range.count; ++i) values[i] += src[i];
-        }
-        if (k == n - 2 && op == ReduceOp::kAverage) {
-          const float divisor = static_cast<float>(n);
-          for (uint64_t i = 0; i < range.count; ++i) values[i] /= divisor;
+        {
+          timeline::Span span(timeline_, timeline::kComm, "reduce", static_cast<int64_t>(index));
+          if (encoded) {
+            codec_->DecodeAdd(received, {values, range.count});
+          } else {
+            const float* src = scratch_.data();
+            for (uint64_t i = 0; i < range.count; ++i) values[i] += src[i];
+          }
+          if (k == n - 2 && op == ReduceOp::kAverage) {
+            const float divisor = static_cast<float>(n);
+            for (uint64_t i = 0; i < range.count; ++i) values[i] /= divisor;
+          }
         }
         if (k + 1 < steps) {
           std::span<const std::byte> sent = post_send(send_base[k + 1] + c, range);
@@ -515,12 +554,16 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
           if (k == n - 2 && encoded) codec_->Decode(sent, {values, range.count});
         }
       } else {
-        if (encoded) codec_->Decode(received, {values, range.count});
+        if (encoded) {
+          timeline::Span span(timeline_, timeline::kComm, "decode", static_cast<int64_t>(index));
+          codec_->Decode(received, {values, range.count});
+        }
         if (k + 1 < steps) {
           const uint64_t next = send_base[k + 1] + c;
           if (encoded) {
             // Forward the owner's bytes as they are: no re-encoding, no drift.
             stats_.raw_payload_bytes += range.count * sizeof(float);
+            timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(next));
             PostChunk(send_slots_[next], seq, op, data.size(), next, kind, received.data(),
                       received.size());
           } else {
@@ -530,6 +573,7 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
       }
     }
   }
+  timeline::Span span(timeline_, timeline::kComm, "wait_sends");
   for (uint64_t i = 0; i < total_sends; ++i) {
     wait(send_slots_[i].op, wait_send_.c_str());
   }

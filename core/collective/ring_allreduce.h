@@ -27,6 +27,7 @@
 
 #include "core/base/deadline.h"
 #include "core/base/error.h"
+#include "core/base/timeline.h"
 #include "core/collective/codec.h"
 #include "transport/transport.h"
 
@@ -162,6 +163,17 @@ class Communicator {
                                               const std::vector<std::string>& addresses,
                                               const CommunicatorOptions& options,
                                               Deadline deadline);
+  // A ring over a subset of the job's ranks (SDPipe's group-wise averaging, core/collective/
+  // group_allreduce.h) on connections that already exist and that the caller keeps alive for
+  // the communicator's lifetime: `left`/`right` (one per stream) lead to this rank's neighbours
+  // in the group's ring, `ring_pos` is this rank's position in it (0 .. ring_size-1). The
+  // transport is shared with the caller (and with other group rings). Error messages name
+  // global ranks (the transport's rank and the connections' peers). REQUIRES: ring_size >= 1,
+  // left.size() == right.size() >= 1 when ring_size > 1.
+  static std::unique_ptr<Communicator> CreateOnConnections(
+      std::shared_ptr<transport::Transport> transport, int ring_pos, int ring_size,
+      std::vector<transport::Connection*> left, std::vector<transport::Connection*> right,
+      const CommunicatorOptions& options);
   ~Communicator();
 
   // The ranks Create connects to, in the order it connects: the left neighbour, then the right
@@ -217,6 +229,10 @@ class Communicator {
     residual_.assign(residual.begin(), residual.end());
   }
   void RestoreSequence(uint64_t seq) { seq_ = seq; }
+  // Records per-chunk spans (encode, send, wait, reduce, decode) on the communication thread's
+  // track while `recorder` says its step is in the window; null (the default): none, and no
+  // cost beyond a pointer test. The recorder must outlive the calls.
+  void set_timeline(timeline::Recorder* recorder) { timeline_ = recorder; }
 
  private:
   Communicator() = default;
@@ -250,12 +266,14 @@ class Communicator {
   template <typename T>
   void Reserve(std::vector<T>& buffer, size_t size, std::unique_ptr<transport::MemoryRegion>& region);
 
-  std::unique_ptr<transport::Transport> transport_;
-  std::vector<std::unique_ptr<transport::Connection>> connections_;
+  // Shared only by group rings (CreateOnConnections); a job ring owns it alone.
+  std::shared_ptr<transport::Transport> transport_;
+  std::vector<std::unique_ptr<transport::Connection>> connections_;  // empty for group rings
   std::vector<transport::Connection*> left_;   // receives from rank - 1, one per stream
   std::vector<transport::Connection*> right_;  // sends to rank + 1, one per stream
-  int rank_ = 0;
-  int world_size_ = 1;
+  int rank_ = 0;       // the transport's (global) rank, for messages
+  int ring_pos_ = 0;   // position in this ring: rank_ for a job ring
+  int world_size_ = 1; // ranks in this ring
   CommunicatorOptions options_;
   uint64_t seq_ = 0;
   // What each wait is for, naming the neighbour, for timeout messages.
@@ -286,6 +304,7 @@ class Communicator {
   int failure_origin_ = -1;
   std::string failure_report_;
   bool failed_ = false;
+  timeline::Recorder* timeline_ = nullptr;
 };
 
 }  // namespace pipesgd::collective

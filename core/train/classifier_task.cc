@@ -13,6 +13,8 @@ ClassifierTask::ClassifierTask(layers::Model& model, const data::Dataset& train,
     : model_(model),
       train_(train),
       batch_size_(batch_size),
+      rank_(rank),
+      seed_(seed),
       scaling_(scaling),
       sampler_(train.count, batch_size, rank, world_size, seed),
       x_(batch_size * train.features),
@@ -29,7 +31,17 @@ float ClassifierTask::ComputeGradient(int64_t step, std::span<const float> param
   const size_t index = static_cast<size_t>(step % static_cast<int64_t>(per_epoch));
   auto batch = sampler_.Batch(epoch, index);
   data::GatherBatch(train_, batch, x_.data(), labels_.data(), scaling_);
-  return model_.ForwardBackward(params, x_.data(), labels_.data(), batch.size(), grads);
+  const layers::BatchKey key{.seed = seed_,
+                             .step = static_cast<uint64_t>(step),
+                             .first_row = static_cast<uint64_t>(rank_) * batch_size_};
+  float loss;
+  {
+    timeline::Span span(timeline_, timeline::kCompute, "forward");
+    loss = model_.Forward(params, x_.data(), labels_.data(), batch.size(), key);
+  }
+  timeline::Span span(timeline_, timeline::kCompute, "backward");
+  model_.Backward(params, x_.data(), batch.size(), grads, key);
+  return loss;
 }
 
 layers::EvalResult ClassifierTask::EvaluateShard(std::span<const float> params,

@@ -1,13 +1,16 @@
 // The training task of the main job: a layers::Model classifying a data::Dataset, seen by the
 // trainer only as an Objective (core/train/trainer.h). Step t of the run is global batch
 // (t mod steps_per_epoch) of epoch (t div steps_per_epoch); this rank computes on its slice
-// (core/data/dataset.h), so the run's samples do not depend on the world size.
+// (core/data/dataset.h), so the run's samples do not depend on the world size. The random layers
+// (Dropout) are keyed by (seed, step, global row of the sample), so they do not depend on it
+// either, and a resumed run draws what the uninterrupted one would have.
 #pragma once
 
 #include <span>
 #include <vector>
 
 #include "core/data/dataset.h"
+#include "core/base/timeline.h"
 #include "core/train/trainer.h"
 #include "layers/model.h"
 #include "layers/sgd.h"
@@ -30,10 +33,16 @@ class ClassifierTask : public Objective {
   layers::EvalResult EvaluateShard(std::span<const float> params, const data::Dataset& test,
                                    int rank, int world_size);
 
+  // Forward and backward spans on the compute track (null: none). Must outlive the task.
+  void set_timeline(timeline::Recorder* recorder) { timeline_ = recorder; }
+
  private:
+  timeline::Recorder* timeline_ = nullptr;
   layers::Model& model_;
   const data::Dataset& train_;
   size_t batch_size_;
+  int rank_;
+  uint64_t seed_;
   data::InputScaling scaling_;
   data::Sampler sampler_;
   std::vector<float> x_;         // (batch, features)

@@ -55,6 +55,8 @@ void Trainer::CommLoop() {
       job = queue_.front();
     }
     try {
+      if (timeline_ && job->step >= 0) timeline_->SetStep(timeline::kComm, job->step);
+      timeline::Span span(job->step >= 0 ? timeline_ : nullptr, timeline::kComm, "allreduce");
       comm_.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_,
                       job->call);
     } catch (...) {
@@ -108,6 +110,7 @@ void Trainer::Step() {
   const int k = options_.pipeline_width;
   Slot& slot = slots_[t % k];
   PSGD_CHECK(!slot.busy);  // Finish() released it K steps ago
+  if (timeline_) timeline_->SetStep(timeline::kCompute, t);
 
   std::span<float> grads(slot.buffer.data(), num_params_);
   const float loss = objective_.ComputeGradient(t, params_, grads);
@@ -117,6 +120,7 @@ void Trainer::Step() {
   slot.job.data = slot.buffer;
   slot.job.op = ReduceOp::kAverage;
   slot.job.gradient = true;
+  slot.job.step = t;
   slot.job.call.compress = t >= options_.compression_warmup_steps;
   slot.job.call.exact_tail = 1;  // the loss: reported exactly, never error-fed
   Submit(slot.job);
@@ -133,6 +137,7 @@ void Trainer::Finish(int64_t s, bool apply) {
   Slot& slot = slots_[s % options_.pipeline_width];
   PSGD_CHECK_EQ(slot.step, s);
   {
+    timeline::Span span(timeline_, timeline::kCompute, "wait_aggregate");
     std::unique_lock<std::mutex> lock(mu_);
     WaitJob(lock, slot.job, s);
   }
@@ -155,6 +160,7 @@ void Trainer::Finish(int64_t s, bool apply) {
               comm_.rank(), s, slot.buffer[i], i);
       }
     }
+    timeline::Span span(timeline_, timeline::kCompute, "update");
     optimizer_.Apply(params_, std::span<const float>(slot.buffer.data(), num_params_));
     ++applied_;
   }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/base/error.h"
+#include "core/base/timeline.h"
 #include "core/collective/ring_allreduce.h"
 
 namespace pipesgd::train {
@@ -135,6 +136,11 @@ class Trainer {
   // Totals over the gradient AllReduces finished so far (thread-safe).
   WireTotals wire_totals() const;
 
+  // Records, per step, the compute thread's "update" and "wait_aggregate" spans and
+  // the communication thread's "allreduce" span, and tells `recorder` which step each thread
+  // is on (null: none). Call before the first Step; the recorder must outlive the trainer.
+  void set_timeline(timeline::Recorder* recorder) { timeline_ = recorder; }
+
   // Waits for every AllReduce in flight and returns the state between steps (pending
   // aggregates included, not applied). Throws Error(kNumerical) if a pending aggregate is not
   // finite (no checkpoint is ever taken from such a state), and whatever the AllReduces threw.
@@ -149,6 +155,7 @@ class Trainer {
     collective::ReduceOp op = collective::ReduceOp::kAverage;
     collective::AllReduceOptions call;
     bool gradient = false;  // counts in wire_totals()
+    int64_t step = -1;      // the gradient's step (timeline); -1 for other collectives
     bool done = false;
   };
   struct Slot {
@@ -188,6 +195,7 @@ class Trainer {
   WireTotals wire_;
   bool stop_ = false;
   std::atomic<bool> abort_{false};
+  timeline::Recorder* timeline_ = nullptr;
   std::thread comm_thread_;
 };
 

@@ -1,0 +1,45 @@
+// The CUDA StagingCopier (core/collective/staged_allreduce.h): L pinned host lanes, a
+// device-to-host and a host-to-device copy stream, and per-lane events, so that the two copy
+// directions run on the GPU's copy engines while the host ring reduces another segment.
+// Ordering without blocking the host: a lane's ToHost waits (cudaStreamWaitEvent) for the lane's
+// last ToDevice; Begin() makes the copies wait for everything queued on the compute stream.
+//
+// UNTESTED ON A GPU: compiled and linked, never run. The pipeline logic above it runs on the CPU
+// in tests/staged_allreduce_test.cc with HostStagingCopier; tests/cuda_staging_test.cc runs this
+// copier where a GPU exists.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/collective/staged_allreduce.h"
+#include "layers/cuda/device.h"
+
+namespace pipesgd::cuda {
+
+class CudaStagingCopier final : public collective::StagingCopier {
+ public:
+  // `compute` is the stream that produces the device data (Context::stream()).
+  CudaStagingCopier(Context& ctx, int lanes, size_t segment_elems);
+  ~CudaStagingCopier() override;
+
+  int lanes() const override { return static_cast<int>(lanes_.size()); }
+  size_t segment_elems() const override { return segment_elems_; }
+  float* host(int lane) override { return lanes_[lane].data(); }
+  void Begin() override;
+  void ToHost(int lane, const float* device, size_t n) override;
+  void WaitToHost(int lane) override;
+  void ToDevice(int lane, float* device, size_t n) override;
+  void WaitAll() override;
+
+ private:
+  Context& ctx_;
+  size_t segment_elems_;
+  std::vector<PinnedBuffer<float>> lanes_;
+  Stream d2h_, h2d_;
+  Event ready_;  // recorded on the compute stream by Begin()
+  std::vector<std::unique_ptr<Event>> to_host_done_, to_device_done_;
+  std::vector<bool> to_device_recorded_;
+};
+
+}  // namespace pipesgd::cuda

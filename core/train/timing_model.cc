@@ -1,0 +1,95 @@
+#include "core/train/timing_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/base/check.h"
+
+namespace pipesgd::train {
+
+double RingAllReduceTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
+  PSGD_CHECK_GE(in.workers, 1);
+  PSGD_CHECK(in.bandwidth_Bps > 0 && codec.ratio >= 1 && chunk_bytes > 0);
+  if (in.workers == 1 || in.model_bytes <= 0) return 0;
+  const double w = in.workers;
+  const double steps = 2 * (w - 1);
+  const double block = in.model_bytes / w;
+  const double m = std::ceil(block / chunk_bytes);
+  const double s = block / m;
+  const double cpu_per_byte = in.reduce_s_per_byte + codec.s_per_byte;
+  const double link = steps * block / (codec.ratio * in.bandwidth_Bps);
+  const double cpu = steps * (block * cpu_per_byte + m * in.chunk_overhead_s);
+  return steps * in.latency_s + std::max(link, cpu) + steps * s * cpu_per_byte;
+}
+
+double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
+  return in.compute_s + in.update_s + RingAllReduceTime(in, codec, chunk_bytes);
+}
+
+double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, int width) {
+  PSGD_CHECK_GE(width, 1);
+  if (width == 1) return RingSyncTime(in, codec, chunk_bytes);
+  return std::max(in.compute_s + in.update_s, RingAllReduceTime(in, codec, chunk_bytes));
+}
+
+double PsSyncTime(const TimingInputs& in, const CodecCost& codec) {
+  PSGD_CHECK(in.bandwidth_Bps > 0 && codec.ratio >= 1);
+  const double w = in.workers, m = in.model_bytes;
+  return in.compute_s + 2 * in.latency_s + 2 * w * m / (codec.ratio * in.bandwidth_Bps) +
+         w * m * in.reduce_s_per_byte + in.update_s + 2 * m * codec.s_per_byte +
+         w * m * codec.s_per_byte;
+}
+
+double PsAsyncTime(const TimingInputs& in, const CodecCost& codec) {
+  PSGD_CHECK(in.bandwidth_Bps > 0 && codec.ratio >= 1);
+  const double w = in.workers, m = in.model_bytes;
+  const double worker = in.compute_s + 2 * in.latency_s + 2 * m / (codec.ratio * in.bandwidth_Bps) +
+                        m * in.reduce_s_per_byte + in.update_s + 2 * m * codec.s_per_byte;
+  const double server_link = w * m / (codec.ratio * in.bandwidth_Bps);
+  const double server_cpu = w * (m * in.reduce_s_per_byte + in.update_s + m * codec.s_per_byte);
+  return std::max({worker, server_link, server_cpu});
+}
+
+double BestChunkBytes(const TimingInputs& in, const CodecCost& codec,
+                      const std::vector<double>& chunk_sizes) {
+  PSGD_CHECK(!chunk_sizes.empty());
+  double best = chunk_sizes[0];
+  double best_t = RingAllReduceTime(in, codec, best);
+  for (double s : chunk_sizes) {
+    const double t = RingAllReduceTime(in, codec, s);
+    if (t < best_t * (1 - 1e-12)) {
+      best = s;
+      best_t = t;
+    }
+  }
+  return best;
+}
+
+std::vector<double> DefaultChunkSizes() {
+  std::vector<double> sizes;
+  for (double s = 4096; s <= 16.0 * (1 << 20); s *= 2) sizes.push_back(s);
+  return sizes;
+}
+
+ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& codecs,
+                       const std::vector<double>& chunk_sizes) {
+  ModelReport report;
+  for (const CodecCost& codec : codecs) {
+    report.rows.push_back({"ps_sync", codec.name, 0, PsSyncTime(in, codec)});
+    report.rows.push_back({"ps_async", codec.name, 0, PsAsyncTime(in, codec)});
+    const double chunk = BestChunkBytes(in, codec, chunk_sizes);
+    report.rows.push_back({"ring_sync", codec.name, chunk, RingSyncTime(in, codec, chunk)});
+    report.rows.push_back({"pipe_k2", codec.name, chunk, PipeTime(in, codec, chunk, 2)});
+  }
+  PSGD_CHECK(!report.rows.empty());
+  report.best = *std::min_element(
+      report.rows.begin(), report.rows.end(),
+      [](const SchemePrediction& a, const SchemePrediction& b) { return a.iteration_s < b.iteration_s; });
+  // Width 2 reaches max(C + U, T_AR); it is the best width unless the AllReduce is free (then
+  // width 1 ties and has no staleness).
+  report.best_width = report.best.scheme == "pipe_k2" ? 2 : 1;
+  if (report.best.scheme == "ring_sync") report.best_width = 1;
+  return report;
+}
+
+}  // namespace pipesgd::train

@@ -1,0 +1,91 @@
+// Timing models of data-parallel SGD: the time of one iteration of each scheme, from the
+// network's latency and bandwidth, the cluster size, the model size and the compute time
+// (the four inputs of Pipe-SGD's models: Li et al., NeurIPS 2018, abstract and Sec. 3), plus
+// the costs this implementation adds: a per-chunk overhead, the reduction and the codec.
+//
+// The paper's own equations could not be retrieved (../shared/docs/papers.md, section 1.5,
+// marks them not found); these are the alpha-beta reconstructions of that section, refined for
+// this implementation's chunked ring. docs/timing_models.md derives every term.
+//
+// Units: seconds, bytes, bytes per second. Links are full duplex, B in each direction.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace pipesgd::train {
+
+struct TimingInputs {
+  int workers = 4;                 // W >= 1: ranks that compute gradients
+  double model_bytes = 0;          // M: float32 gradient bytes (4 x parameters)
+  double latency_s = 0;            // alpha: one-way latency of a small message
+  double bandwidth_Bps = 1;        // B: bytes per second per direction of a link, > 0
+  double compute_s = 0;            // C: forward + backward of one worker's batch
+  double update_s = 0;             // U: one optimizer step over M bytes of parameters
+  double reduce_s_per_byte = 0;    // rho: adding two float32 vectors, per byte of one of them
+  double chunk_overhead_s = 0;     // o: software cost of one chunk message (header, wake-up)
+};
+
+// A gradient codec as the model sees it.
+struct CodecCost {
+  std::string name = "none";
+  double ratio = 1;         // r: float32 bytes / wire bytes, >= 1
+  double s_per_byte = 0;    // kappa: one encode + one decode, per float32 byte
+};
+
+// Ring AllReduce of M bytes over W ranks in chunks of at most `chunk_bytes` (raw float32 bytes)
+// (Patarasuk & Yuan 2009; papers.md 1.4-1.5):
+//   m = ceil(M / (W S)) chunks per block, s = M / (W m) bytes per chunk,
+//   T_AR = 2(W-1) alpha
+//        + max( 2(W-1) M / (W r B),                          the link, busy all along
+//               2(W-1) [ (M/W)(rho + kappa) + m o ] )          the communication thread's CPU
+//        + 2(W-1) s (rho + kappa)                              per step, one chunk not overlapped
+// W = 1: 0.
+double RingAllReduceTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
+
+// Synchronous ring SGD (pipeline width 1): C + U + T_AR.
+double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
+
+// Pipe-SGD of width K: K = 1 is RingSyncTime; K >= 2: max(C + U, T_AR) (compute and
+// communication overlap fully; a wider pipeline cannot beat the slower of the two).
+double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, int width);
+
+// Synchronous parameter server, one dedicated server, W workers (papers.md 1.5, first row):
+//   T = C + 2 alpha + 2 W M / (r B)              W gradients in, W models out, one server link
+//     + W M rho + U                              the server sums and updates
+//     + 2 M kappa + W M kappa                    codec: worker encodes/decodes, server decodes
+double PsSyncTime(const TimingInputs& in, const CodecCost& codec);
+
+// Asynchronous parameter server: each worker's cycle, or the server's link or CPU when W
+// workers share it, whichever is slower (papers.md 1.5, second row, for full-duplex links):
+//   T = max( C + 2 alpha + 2 M / (r B) + M rho + U + 2 M kappa,
+//            W M / (r B),
+//            W (M rho + U + M kappa) )
+double PsAsyncTime(const TimingInputs& in, const CodecCost& codec);
+
+// One row of `pipesgd model`.
+struct SchemePrediction {
+  std::string scheme;   // "ps_sync", "ps_async", "ring_sync", "pipe_k2"
+  std::string codec;    // codec name
+  double chunk_bytes = 0;  // 0 for the PS schemes
+  double iteration_s = 0;
+};
+
+// Every scheme with every codec at its best chunk size among `chunk_sizes` (bytes), and the
+// overall best. Chunk candidates must be non-empty.
+struct ModelReport {
+  std::vector<SchemePrediction> rows;
+  SchemePrediction best;
+  int best_width = 2;
+};
+ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& codecs,
+                       const std::vector<double>& chunk_sizes);
+
+// The chunk size among `chunk_sizes` that minimizes RingAllReduceTime.
+double BestChunkBytes(const TimingInputs& in, const CodecCost& codec,
+                      const std::vector<double>& chunk_sizes);
+
+// Powers of two from 4 KiB to 16 MiB.
+std::vector<double> DefaultChunkSizes();
+
+}  // namespace pipesgd::train

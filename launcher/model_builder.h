@@ -1,0 +1,30 @@
+// The model of a job config as layers::Layer objects, shared by the worker and the training
+// benchmark (bench/train_throughput.cc).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "configs/pipesgd.pb.h"
+#include "layers/layer.h"
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "layers/cuda/cuda_model.h"
+#endif
+
+namespace pipesgd::launcher {
+
+// model.input_channels x input_height x input_width.
+layers::Shape InputShape(const config::Model& spec);
+
+// The layers of the config in order, each built for the shape its predecessor outputs (no
+// activation memory yet; layers::Model allocates that). The config loader has checked that the
+// shapes chain; the layer factories check again and throw Error(kInvalidArgument).
+std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spec);
+
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+// The same stack as BuildLayers with the CUDA twins (layers/cuda/cuda_model.h), for
+// model.device = CUDA: the same shapes and the same parameter layout.
+std::vector<std::unique_ptr<cuda::CudaLayer>> BuildCudaLayers(const config::Model& spec);
+#endif
+
+}  // namespace pipesgd::launcher

@@ -1,0 +1,442 @@
+#include "launcher/model_builder.h"
+#include "launcher/timing.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.h"
+#include "core/base/log.h"
+#include "core/collective/codec.h"
+#include "core/collective/ring_allreduce.h"
+#include "core/data/dataset.h"
+#include "core/train/classifier_task.h"
+#include "core/train/timing_model.h"
+#include "launcher/config.h"
+#include "launcher/worker.h"
+#include "layers/model.h"
+
+namespace pipesgd::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+constexpr int kFields = 6;  // latency, bandwidth, overhead, compute, update, reduce
+constexpr size_t kBigBytes = 8u << 20;
+constexpr size_t kStreamBytes = 16u << 10;
+constexpr int kStreamMessages = 256;
+constexpr int kBigReps = 3;
+
+struct LinkNumbers {
+  double latency_s = 0, bandwidth_Bps = 0, overhead_s = 0;
+};
+
+class Prober {
+ public:
+  Prober(transport::Transport& t, double timeout_s) : t_(t), timeout_s_(timeout_s) {}
+
+  void Send(transport::Connection& c, const void* data, size_t bytes) {
+    transport::Op op;
+    op.Set(data, bytes);
+    c.PostSend(op);
+    t_.Wait(op, Deadline::After(timeout_s_), "a probe message");
+  }
+  void Recv(transport::Connection& c, void* data, size_t bytes) {
+    transport::Op op;
+    op.Set(data, bytes);
+    c.PostRecv(op);
+    t_.Wait(op, Deadline::After(timeout_s_), "a probe message");
+  }
+
+  LinkNumbers Ping(transport::Connection& c, int pings) {
+    LinkNumbers out;
+    uint64_t word = 0;
+    std::vector<double> rtts;
+    for (int i = 0; i < 20 + pings; ++i) {
+      const auto t0 = Clock::now();
+      Send(c, &word, sizeof(word));
+      Recv(c, &word, sizeof(word));
+      if (i >= 20) rtts.push_back(Since(t0));
+    }
+    const double rtt = Median(rtts);
+    out.latency_s = rtt / 2;
+    big_.resize(kBigBytes);
+    std::vector<double> times;
+    for (int i = 0; i < 1 + kBigReps; ++i) {
+      const auto t0 = Clock::now();
+      Send(c, big_.data(), big_.size());
+      Recv(c, &word, sizeof(word));
+      if (i >= 1) times.push_back(Since(t0));
+    }
+    out.bandwidth_Bps = kBigBytes / std::max(1e-9, Median(times) - rtt);
+    std::vector<transport::Op> ops(kStreamMessages);
+    const auto t0 = Clock::now();
+    for (auto& op : ops) {
+      op.Set(big_.data(), kStreamBytes);
+      c.PostSend(op);
+    }
+    for (auto& op : ops) t_.Wait(op, Deadline::After(timeout_s_), "a probe message");
+    Recv(c, &word, sizeof(word));
+    const double t = Since(t0) - rtt;
+    out.overhead_s = std::max(0.0, t / kStreamMessages - kStreamBytes / out.bandwidth_Bps);
+    return out;
+  }
+
+  void Pong(transport::Connection& c, int pings) {
+    uint64_t word = 0;
+    for (int i = 0; i < 20 + pings; ++i) {
+      Recv(c, &word, sizeof(word));
+      Send(c, &word, sizeof(word));
+    }
+    big_.resize(kBigBytes);
+    for (int i = 0; i < 1 + kBigReps; ++i) {
+      Recv(c, big_.data(), big_.size());
+      Send(c, &word, sizeof(word));
+    }
+    std::vector<transport::Op> ops(kStreamMessages);
+    for (auto& op : ops) {
+      op.Set(big_.data(), kStreamBytes);
+      c.PostRecv(op);
+    }
+    for (auto& op : ops) t_.Wait(op, Deadline::After(timeout_s_), "a probe message");
+    Send(c, &word, sizeof(word));
+  }
+
+ private:
+  transport::Transport& t_;
+  double timeout_s_;
+  std::vector<char> big_;
+};
+
+}  // namespace
+
+std::vector<std::string> ProbeWorkerCommand(const ProbeArgs& a) {
+  std::vector<std::string> cmd = {"probe", a.config_path, "--pings", std::to_string(a.pings),
+                                  "--compute-steps", std::to_string(a.compute_steps)};
+  for (const auto& o : a.overrides) {
+    cmd.push_back("--set");
+    cmd.push_back(o);
+  }
+  if (!a.json_path.empty()) {
+    cmd.push_back("--json");
+    cmd.push_back(a.json_path);
+  }
+  return cmd;
+}
+
+void RunProbe(const ProbeArgs& args) {
+  const JobEnv env = ReadJobEnv();
+  const config::Job job = LoadJobConfig(args.config_path, args.overrides);
+  const auto& data_cfg = job.data();
+  const auto& train_cfg = job.train();
+  int classes = 0;
+  for (const auto& l : job.model().layers()) {
+    if (l.has_linear()) classes = l.linear().out_features();
+  }
+  data::Dataset train_set = data::LoadDataset(data_cfg.train_images(), data_cfg.train_labels(),
+                                              classes, data_cfg.train_limit());
+  const size_t batch = static_cast<size_t>(train_cfg.batch_size());
+  auto model = std::make_unique<layers::Model>(BuildLayers(job.model()), batch);
+  const size_t p = model->num_params();
+  std::vector<float> params(p), grads(p);
+  model->Init(params, train_cfg.seed());
+  train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size, train_cfg.seed(),
+                             {data_cfg.input_mean(), data_cfg.input_std()});
+  if (task.steps_per_epoch() == 0) {
+    Throw(ErrorCode::kInvalidArgument, "probe: the training set has fewer than {} samples",
+          batch * env.world_size);
+  }
+  // Compute: forward + backward of one step, averaged over at least compute_steps steps and
+  // 1.5 s after 3 untimed: a node under a CPU quota (scripts/lab cpu, a cgroup) runs at full
+  // speed until its quota of the 100 ms period is spent, then waits, so only an average over
+  // many periods gives the rate training will see.
+  for (int i = 0; i < 3; ++i) (void)task.ComputeGradient(i, params, grads);
+  int64_t computed = 0;
+  const auto compute_start = Clock::now();
+  while (computed < args.compute_steps || Since(compute_start) < 1.5) {
+    (void)task.ComputeGradient(3 + computed, params, grads);
+    ++computed;
+  }
+  const double compute_s = Since(compute_start) / static_cast<double>(computed);
+  std::vector<double> times;
+  train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(), train_cfg.weight_decay()}, p);
+  std::fill(grads.begin(), grads.end(), 1e-6f);
+  times.clear();
+  for (int i = 0; i < 10; ++i) {
+    const auto t0 = Clock::now();
+    sgd.Apply(params, grads);
+    times.push_back(Since(t0));
+  }
+  const double update_s = Median(times);
+  // The reduction, averaged over 0.5 s for the same reason.
+  std::vector<float> a(p, 1.0f), b(p, 2.0f);
+  int64_t adds = 0;
+  const auto add_start = Clock::now();
+  while (adds < 10 || Since(add_start) < 0.5) {
+    for (size_t j = 0; j < p; ++j) a[j] += b[j] * 1e-9f;
+    ++adds;
+  }
+  const double reduce_s_per_byte = Since(add_start) / static_cast<double>(adds) / (4.0 * p);
+  if (!std::isfinite(a[p / 2])) Throw(ErrorCode::kInternal, "probe: the reduction overflowed");
+
+  // Codecs: encode + decode of the whole model in 256 Ki-element chunks.
+  nlohmann::json codecs = nlohmann::json::array();
+  codecs.push_back({{"name", "none"}, {"ratio", 1.0}, {"s_per_byte", 0.0}});
+  for (const char* name : {"trunc16", "fp16", "q8"}) {
+    CodecOptions copt;
+    copt.kind = ParseCodecKind(name);
+    auto codec = MakeCodec(copt);
+    const size_t chunk = std::min<size_t>(p, 1 << 18);
+    std::vector<std::byte> wire(codec->EncodedBytes(chunk));
+    std::vector<float> values(p), decoded(chunk);
+    for (size_t j = 0; j < p; ++j) values[j] = std::sin(0.001f * static_cast<float>(j)) * 1e-3f;
+    size_t wire_bytes = 0;
+    times.clear();
+    for (int rep = 0; rep < 5; ++rep) {
+      wire_bytes = 0;
+      const auto t0 = Clock::now();
+      for (size_t off = 0; off < p; off += chunk) {
+        const size_t n = std::min(chunk, p - off);
+        const size_t bytes = codec->EncodedBytes(n);
+        codec->Encode({values.data() + off, n}, {wire.data(), bytes}, rep);
+        codec->Decode({wire.data(), bytes}, {decoded.data(), n});
+        wire_bytes += bytes;
+      }
+      times.push_back(Since(t0));
+    }
+    codecs.push_back({{"name", name},
+                      {"ratio", 4.0 * p / wire_bytes},
+                      {"s_per_byte", Median(times) / (4.0 * p)}});
+  }
+
+  std::vector<double> mine = {0, 0, 0, compute_s, update_s, reduce_s_per_byte};
+  std::vector<double> all(static_cast<size_t>(kFields) * env.world_size, 0.0);
+  if (env.world_size > 1) {
+    const int w = env.world_size, r = env.rank;
+    const std::vector<int> peers = collective::Communicator::RingPeers(r, w);
+    PeerLinks links = ConnectPeers(env, "pipesgd " PIPESGD_VERSION " probe\n" + JobDescription(job),
+                                   peers, job.comm(), Deadline::After(job.comm().start_timeout_s()),
+                                   fmt::format("comm.start_timeout_s = {} s", job.comm().start_timeout_s()));
+    auto conn = [&](int peer) -> transport::Connection& {
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (peers[i] == peer) return *links.connections[i];
+      }
+      Throw(ErrorCode::kInternal, "probe: no connection to rank {}", peer);
+    };
+    transport::Connection& right = conn((r + 1) % w);
+    transport::Connection& left = conn((r + w - 1) % w);
+    Prober prober(*links.transport, job.comm().timeout_s());
+    // Round i: rank i measures its link to rank i+1, which answers; one link at a time.
+    for (int i = 0; i < w; ++i) {
+      if (r == i) {
+        const LinkNumbers link = prober.Ping(right, args.pings);
+        mine[0] = link.latency_s;
+        mine[1] = link.bandwidth_Bps;
+        mine[2] = link.overhead_s;
+      } else if (r == (i + 1) % w) {
+        prober.Pong(left, args.pings);
+      }
+    }
+    // Gather every rank's numbers at rank 0: one pass around the ring.
+    const size_t bytes = all.size() * sizeof(double);
+    if (r == 0) {
+      std::copy(mine.begin(), mine.end(), all.begin());
+      prober.Send(right, all.data(), bytes);
+      prober.Recv(left, all.data(), bytes);
+    } else {
+      prober.Recv(left, all.data(), bytes);
+      std::copy(mine.begin(), mine.end(), all.begin() + kFields * r);
+      prober.Send(right, all.data(), bytes);
+    }
+  } else {
+    all = mine;
+  }
+  if (env.rank != 0) return;
+
+  nlohmann::json per_rank = nlohmann::json::array();
+  double latency = 0, bandwidth = 0, overhead = 0, compute = 0, update = 0, reduce = 0;
+  std::printf("# pipesgd probe: %d ranks, model %zu params (%.0f bytes), batch %zu per rank\n",
+              env.world_size, p, 4.0 * p, batch);
+  std::printf("# %4s %5s %12s %14s %14s %12s %12s %14s\n", "rank", "right", "latency(us)",
+              "bandwidth(MB/s)", "chunk_ovh(us)", "compute(ms)", "update(ms)", "reduce(ns/B)");
+  for (int r = 0; r < env.world_size; ++r) {
+    const double* v = all.data() + kFields * r;
+    std::printf("  %4d %5d %12.1f %14.2f %14.2f %12.3f %12.3f %14.4f\n", r,
+                env.world_size > 1 ? (r + 1) % env.world_size : -1, v[0] * 1e6, v[1] / 1e6,
+                v[2] * 1e6, v[3] * 1e3, v[4] * 1e3, v[5] * 1e9);
+    per_rank.push_back({{"rank", r},
+                        {"right", (r + 1) % env.world_size},
+                        {"latency_s", v[0]},
+                        {"bandwidth_Bps", v[1]},
+                        {"chunk_overhead_s", v[2]},
+                        {"compute_s", v[3]},
+                        {"update_s", v[4]},
+                        {"reduce_s_per_byte", v[5]}});
+    latency = std::max(latency, v[0]);
+    bandwidth = r == 0 ? v[1] : std::min(bandwidth, v[1]);
+    overhead = std::max(overhead, v[2]);
+    compute = std::max(compute, v[3]);
+    update = std::max(update, v[4]);
+    reduce = std::max(reduce, v[5]);
+  }
+  for (const auto& c : codecs) {
+    std::printf("# codec %-8s ratio %.3f, encode+decode %.3f ns per float32 byte (rank 0)\n",
+                c["name"].get<std::string>().c_str(), c["ratio"].get<double>(),
+                c["s_per_byte"].get<double>() * 1e9);
+  }
+  // The per-byte CPU rates are properties of the machines, alike on every node: the median over
+  // ranks, so one rank preempted while it measured (a shared host) does not set them.
+  {
+    std::vector<double> rho, ovh;
+    for (int r = 0; r < env.world_size; ++r) {
+      ovh.push_back(all[kFields * r + 2]);
+      rho.push_back(all[kFields * r + 5]);
+    }
+    overhead = Median(ovh);
+    reduce = Median(rho);
+  }
+  std::printf("# for the model: the slowest link and the slowest rank: latency %.1f us, bandwidth "
+              "%.2f MB/s, compute %.3f ms, update %.3f ms; median over ranks: chunk overhead "
+              "%.2f us, reduce %.4f ns/B\n",
+              latency * 1e6, bandwidth / 1e6, compute * 1e3, update * 1e3, overhead * 1e6,
+              reduce * 1e9);
+  if (!args.json_path.empty()) {
+    nlohmann::json j = {{"world_size", env.world_size},
+                        {"workers", env.world_size},
+                        {"params", p},
+                        {"model_bytes", 4.0 * p},
+                        {"batch_size", batch},
+                        {"latency_s", latency},
+                        {"bandwidth_Bps", bandwidth},
+                        {"chunk_overhead_s", overhead},
+                        {"compute_s", compute},
+                        {"update_s", update},
+                        {"reduce_s_per_byte", reduce},
+                        {"codecs", codecs},
+                        {"per_rank", per_rank}};
+    std::ofstream out(args.json_path);
+    out << j.dump(2) << "\n";
+    if (!out) Throw(ErrorCode::kIo, "probe --json {}: cannot write", args.json_path);
+  }
+}
+
+void RunModel(const ModelArgs& a) {
+  train::TimingInputs in;
+  std::vector<train::CodecCost> codecs;
+  if (!a.probe_json.empty()) {
+    std::ifstream f(a.probe_json);
+    if (!f) Throw(ErrorCode::kIo, "model --probe {}: cannot read", a.probe_json);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+      in.workers = j.at("workers").get<int>();
+      in.model_bytes = j.at("model_bytes").get<double>();
+      in.latency_s = j.at("latency_s").get<double>();
+      in.bandwidth_Bps = j.at("bandwidth_Bps").get<double>();
+      in.chunk_overhead_s = j.at("chunk_overhead_s").get<double>();
+      in.compute_s = j.at("compute_s").get<double>();
+      in.update_s = j.at("update_s").get<double>();
+      in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
+      for (const auto& c : j.at("codecs")) {
+        codecs.push_back({c.at("name").get<std::string>(), c.at("ratio").get<double>(),
+                          c.at("s_per_byte").get<double>()});
+      }
+    } catch (const nlohmann::json::exception& e) {
+      Throw(ErrorCode::kInvalidArgument, "model --probe {}: not a probe result: {}", a.probe_json,
+            e.what());
+    }
+  } else {
+    in.workers = 4;
+    in.bandwidth_Bps = 0;
+    in.latency_s = -1;
+    in.compute_s = -1;
+  }
+  if (a.workers > 0) in.workers = a.workers;
+  if (a.model_bytes > 0) in.model_bytes = a.model_bytes;
+  if (a.latency_s >= 0) in.latency_s = a.latency_s;
+  if (a.link_rate_bps > 0) in.bandwidth_Bps = a.link_rate_bps / 8;
+  if (a.bandwidth_Bps > 0) in.bandwidth_Bps = a.bandwidth_Bps;
+  if (a.compute_s >= 0) in.compute_s = a.compute_s;
+  if (a.update_s >= 0) in.update_s = a.update_s;
+  if (a.reduce_s_per_byte >= 0) in.reduce_s_per_byte = a.reduce_s_per_byte;
+  if (a.chunk_overhead_s >= 0) in.chunk_overhead_s = a.chunk_overhead_s;
+  std::vector<std::string> missing;
+  if (in.model_bytes <= 0) missing.push_back("--model-bytes (> 0)");
+  if (in.latency_s < 0) missing.push_back("--latency-s (>= 0)");
+  if (in.bandwidth_Bps <= 0) missing.push_back("--bandwidth-Bps or --link-rate (> 0)");
+  if (in.compute_s < 0) missing.push_back("--compute-s (>= 0)");
+  if (!missing.empty()) {
+    Throw(ErrorCode::kInvalidArgument, "model: give {} (or --probe FILE from pipesgd probe --json)",
+          fmt::join(missing, ", "));
+  }
+  if (codecs.empty()) {
+    // Without a probe: ratios of the codecs, their CPU cost unknown (0).
+    codecs = {{"none", 1, 0}, {"trunc16", 2, 0}, {"fp16", 2, 0}, {"q8", 4, 0}};
+  }
+  const std::vector<double> chunks =
+      a.chunk_bytes > 0 ? std::vector<double>{a.chunk_bytes} : train::DefaultChunkSizes();
+  const train::ModelReport report = train::PredictAll(in, codecs, chunks);
+
+  std::printf("# pipesgd model: W=%d workers, M=%.0f bytes, alpha=%.1f us, B=%.3f MB/s, C=%.3f ms, "
+              "U=%.3f ms, rho=%.4f ns/B, o=%.2f us\n",
+              in.workers, in.model_bytes, in.latency_s * 1e6, in.bandwidth_Bps / 1e6,
+              in.compute_s * 1e3, in.update_s * 1e3, in.reduce_s_per_byte * 1e9,
+              in.chunk_overhead_s * 1e6);
+  std::printf("# %-10s %-8s %12s %14s %12s\n", "scheme", "codec", "chunk(B)", "iteration(ms)",
+              "vs best");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& row : report.rows) {
+    std::printf("  %-10s %-8s %12s %14.3f %12.2fx\n", row.scheme.c_str(), row.codec.c_str(),
+                row.chunk_bytes > 0 ? fmt::format("{:.0f}", row.chunk_bytes).c_str() : "-",
+                row.iteration_s * 1e3, row.iteration_s / report.best.iteration_s);
+    rows.push_back({{"scheme", row.scheme},
+                    {"codec", row.codec},
+                    {"chunk_bytes", row.chunk_bytes},
+                    {"iteration_s", row.iteration_s}});
+  }
+  const double t_ar = train::RingAllReduceTime(
+      in, codecs[0], train::BestChunkBytes(in, codecs[0], chunks));
+  std::printf("# AllReduce (none) %.3f ms vs compute + update %.3f ms: %s-bound\n", t_ar * 1e3,
+              (in.compute_s + in.update_s) * 1e3,
+              t_ar > in.compute_s + in.update_s ? "communication" : "compute");
+  std::printf("best: %s, compression %s, pipeline width %d, chunk %s: %.3f ms per iteration\n",
+              report.best.scheme.c_str(), report.best.codec.c_str(), report.best_width,
+              report.best.chunk_bytes > 0 ? fmt::format("{:.0f} B", report.best.chunk_bytes).c_str()
+                                          : "-",
+              report.best.iteration_s * 1e3);
+  if (!a.json_path.empty()) {
+    nlohmann::json j = {{"workers", in.workers},
+                        {"model_bytes", in.model_bytes},
+                        {"latency_s", in.latency_s},
+                        {"bandwidth_Bps", in.bandwidth_Bps},
+                        {"compute_s", in.compute_s},
+                        {"update_s", in.update_s},
+                        {"reduce_s_per_byte", in.reduce_s_per_byte},
+                        {"chunk_overhead_s", in.chunk_overhead_s},
+                        {"allreduce_s", t_ar},
+                        {"rows", rows},
+                        {"best", {{"scheme", report.best.scheme},
+                                  {"codec", report.best.codec},
+                                  {"width", report.best_width},
+                                  {"chunk_bytes", report.best.chunk_bytes},
+                                  {"iteration_s", report.best.iteration_s}}}};
+    std::ofstream out(a.json_path);
+    out << j.dump(2) << "\n";
+    if (!out) Throw(ErrorCode::kIo, "model --json {}: cannot write", a.json_path);
+  }
+}
+
+}  // namespace pipesgd::launcher

@@ -1,0 +1,90 @@
+// Pieces of the worker shared by its training modes (worker.cc: RING; sdpipe_worker.cc: SDPIPE).
+// Internal to the launcher.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "configs/pipesgd.pb.h"
+#include "core/base/error.h"
+#include "core/train/straggler.h"
+#include "layers/model.h"
+
+namespace pipesgd::launcher::detail {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since);
+// Refuses a model whose buffers (parameters, momentum, `width` gradient buffers, and the
+// activations, their gradients and the layers' workspaces at `max_batch`) cannot fit in this
+// machine's memory, before allocating any of it. Throws Error(kInvalidArgument).
+void CheckModelFitsInMemory(const std::vector<std::unique_ptr<layers::Layer>>& stack,
+                            size_t max_batch, int width);
+int NumClasses(const config::Model& spec);
+nlohmann::json ConfigAsJson(const config::Job& job);
+// Writes to a temporary file, then renames it over `path`. Throws Error(kIo).
+void WriteFileAtomically(const std::filesystem::path& path, const std::string& contents);
+// job.straggler for this job; throws Error(kInvalidArgument) for a rank outside [0, world_size).
+train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size);
+
+// The output directory of a job, locked so that two jobs cannot interleave their files, with
+// metrics.jsonl appended and flushed line by line so a crash keeps every finished epoch.
+class OutputDir {
+ public:
+  explicit OutputDir(const std::string& dir) : dir_(dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", dir, ec.message());
+    const auto lock_path = dir_ / ".pipesgd.lock";
+    lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd_ < 0) {
+      Throw(ErrorCode::kIo, "--out {}: cannot write in the directory: {}", dir, std::strerror(errno));
+    }
+    if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      Throw(ErrorCode::kIo, "--out {}: another pipesgd job is writing to this directory; use "
+                            "another --out",
+            dir);
+    }
+    const auto metrics = dir_ / "metrics.jsonl";
+    metrics_ = std::fopen(metrics.c_str(), "w");
+    if (!metrics_) {
+      Throw(ErrorCode::kIo, "cannot write {}: {}", metrics.string(), std::strerror(errno));
+    }
+  }
+  ~OutputDir() {
+    if (metrics_) std::fclose(metrics_);
+    if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock
+  }
+  OutputDir(const OutputDir&) = delete;
+  OutputDir& operator=(const OutputDir&) = delete;
+
+  void AppendMetrics(const nlohmann::json& line) {
+    const std::string text = line.dump() + "\n";
+    if (std::fwrite(text.data(), 1, text.size(), metrics_) != text.size() ||
+        std::fflush(metrics_) != 0) {
+      Throw(ErrorCode::kIo, "cannot write {}: {}", (dir_ / "metrics.jsonl").string(),
+            std::strerror(errno));
+    }
+  }
+  void WriteSummary(const nlohmann::json& summary) {
+    WriteFileAtomically(dir_ / "summary.json", summary.dump(2) + "\n");
+  }
+
+ private:
+  std::filesystem::path dir_;
+  int lock_fd_ = -1;
+  std::FILE* metrics_ = nullptr;
+};
+
+}  // namespace pipesgd::launcher::detail

@@ -1,0 +1,86 @@
+// The timing models (core/train/timing_model.h) against values computed by hand from the
+// equations in docs/timing_models.md.
+#include <gtest/gtest.h>
+
+#include "core/train/timing_model.h"
+
+namespace pipesgd::train {
+namespace {
+
+// W = 4, M = 4 MB, alpha = 100 us, B = 125 MB/s (1 Gbit/s), C = 10 ms, U = 1 ms,
+// rho = 1 ns/B, o = 10 us.
+TimingInputs Lab() {
+  TimingInputs in;
+  in.workers = 4;
+  in.model_bytes = 4e6;
+  in.latency_s = 1e-4;
+  in.bandwidth_Bps = 1.25e8;
+  in.compute_s = 0.01;
+  in.update_s = 0.001;
+  in.reduce_s_per_byte = 1e-9;
+  in.chunk_overhead_s = 1e-5;
+  return in;
+}
+
+const CodecCost kNone{"none", 1, 0};
+
+TEST(TimingModel, RingAllReduceByHand) {
+  // Block 1e6 B, one chunk of 1e6 B: 6 alpha + max(6 * 1e6 / 1.25e8, 6 (1e6 * 1e-9 + 1e-5))
+  // + 6 * 1e6 * 1e-9 = 0.0006 + 0.048 + 0.006.
+  EXPECT_NEAR(RingAllReduceTime(Lab(), kNone, 1e6), 0.0546, 1e-12);
+  // Chunks of 250 kB: m = 4, s = 250 kB: the fill term drops to 6 * 2.5e5 * 1e-9 = 0.0015.
+  EXPECT_NEAR(RingAllReduceTime(Lab(), kNone, 2.5e5), 0.0501, 1e-12);
+  // q8 (r = 4, kappa = 2 ns/B): the link term 0.012 is now below the CPU term
+  // 6 (1e6 * 3e-9 + 1e-5) = 0.01806; fill 6 * 1e6 * 3e-9 = 0.018.
+  EXPECT_NEAR(RingAllReduceTime(Lab(), {"q8", 4, 2e-9}, 1e6), 0.03666, 1e-12);
+  TimingInputs one = Lab();
+  one.workers = 1;
+  EXPECT_EQ(RingAllReduceTime(one, kNone, 1e6), 0.0);
+}
+
+TEST(TimingModel, SchemesByHand) {
+  const TimingInputs in = Lab();
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.01 + 0.001 + 0.0546, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 1), 0.0656, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0546, 1e-12);  // communication-bound
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 4), 0.0546, 1e-12);  // wider is no faster
+  // C + 2 alpha + 2 W M / B + W M rho + U = 0.01 + 0.0002 + 0.256 + 0.016 + 0.001.
+  EXPECT_NEAR(PsSyncTime(in, kNone), 0.2832, 1e-12);
+  // max(worker 0.01 + 0.0002 + 0.064 + 0.004 + 0.001, server link 0.128, server CPU 0.02).
+  EXPECT_NEAR(PsAsyncTime(in, kNone), 0.128, 1e-12);
+  TimingInputs compute_bound = in;
+  compute_bound.compute_s = 0.1;
+  EXPECT_NEAR(PipeTime(compute_bound, kNone, 1e6, 2), 0.101, 1e-12);
+  // Async PS: now the worker's own cycle is the slowest: 0.1 + 0.0002 + 0.064 + 0.004 + 0.001.
+  EXPECT_NEAR(PsAsyncTime(compute_bound, kNone), 0.1692, 1e-12);
+  // Codec on the PS: 2 W M / (r B) with r = 2, plus 2 M kappa + W M kappa at kappa = 1 ns/B.
+  EXPECT_NEAR(PsSyncTime(in, {"trunc16", 2, 1e-9}),
+              0.01 + 0.0002 + 0.128 + 0.016 + 0.001 + 0.008 + 0.016, 1e-12);
+}
+
+TEST(TimingModel, BestChunkIsInteriorWhenCpuBound) {
+  // An infinitely fast link: T_AR = 6 alpha + 6 (1e-3 + m o) + 6 (1e6 / m) rho, smallest near
+  // m = 10. Among powers of two: 64 KiB (m = 16: 2.225e-4), 128 KiB (m = 8: 2.05e-4),
+  // 256 KiB (m = 4: 2.9e-4) -> 128 KiB.
+  TimingInputs in = Lab();
+  in.bandwidth_Bps = 1e15;
+  EXPECT_EQ(BestChunkBytes(in, kNone, DefaultChunkSizes()), 131072.0);
+  EXPECT_NEAR(RingAllReduceTime(in, kNone, 131072), 6e-4 + 6 * (1e-3 + 8e-5) + 6 * 1.25e-4,
+              1e-9);
+  // Link-bound (1 Gbit/s): the smallest chunk wins (the fill shrinks, the CPU stays hidden).
+  EXPECT_EQ(BestChunkBytes(Lab(), kNone, DefaultChunkSizes()), 4096.0);
+}
+
+TEST(TimingModel, PredictAllPicksTheFastest) {
+  const ModelReport report =
+      PredictAll(Lab(), {kNone, {"q8", 4, 2e-9}}, std::vector<double>{1e6});
+  ASSERT_EQ(report.rows.size(), 8u);
+  // pipe_k2 with q8: max(0.011, 0.03666).
+  EXPECT_EQ(report.best.scheme, "pipe_k2");
+  EXPECT_EQ(report.best.codec, "q8");
+  EXPECT_EQ(report.best_width, 2);
+  EXPECT_NEAR(report.best.iteration_s, 0.03666, 1e-12);
+}
+
+}  // namespace
+}  // namespace pipesgd::train
