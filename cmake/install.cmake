@@ -1,7 +1,9 @@
 # `cmake --install build --prefix P` installs:
 #   P/include/pipesgd/pipesgd.h                 the embedding API (README, "Use it as a library")
 #   P/include/pipesgd/{core,transport,layers}/  the headers it and the libraries use
-#   P/lib/libpipesgd_*.a                        static libraries, one per folder
+#   P/lib/libpipesgd_*.a                        static libraries, one per folder (not the CUDA
+#                                               backend's pipesgd_layers_cuda/pipesgd_core_cuda:
+#                                               no exported target links them)
 #   P/lib/cmake/pipesgd/                        find_package(pipesgd): pipesgd::pipesgd,
 #       pipesgd::base, ::transport, ::collective, ::train, ::data, ::layers, ::core
 #   P/lib/pkgconfig/pipesgd.pc                  pkg-config --cflags --libs pipesgd
@@ -35,8 +37,9 @@ foreach(dir core/base core/collective core/train core/data transport)
           FILES_MATCHING PATTERN "*.h")
 endforeach()
 if(PIPESGD_BUILD_LAYERS)
+  # layers/cuda (pipesgd_layers_cuda) is not exported: its headers stay out too.
   install(DIRECTORY ${PIPESGD_ROOT}/layers/ DESTINATION ${_psgd_inc}/layers
-          FILES_MATCHING PATTERN "*.h")
+          FILES_MATCHING PATTERN "*.h" PATTERN "cuda" EXCLUDE)
 endif()
 # Generated protobuf headers that installed headers include.
 install(FILES ${CMAKE_BINARY_DIR}/transport/wire.pb.h DESTINATION ${_psgd_inc}/transport)
