@@ -13,7 +13,7 @@ opt=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG")
 export OPENBLAS_NUM_THREADS=1
 if [[ "$WHICH" == asan || "$WHICH" == all ]]; then
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPIPESGD_SANITIZE=address,undefined "${opt[@]}" >/dev/null
+    -DPIPESGD_SANITIZE=address,undefined -DPIPESGD_BUILD_BENCH=OFF "${opt[@]}" >/dev/null
   cmake --build build-asan --parallel "$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -LE cluster --output-on-failure -j "$jobs" \
