@@ -26,6 +26,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -114,13 +116,20 @@ class StagedAllReduce {
   // Each segment is one collective on comm (sequence numbers advance by the segment count).
   // Throws what Communicator::AllReduce throws; the copier is drained before it returns or
   // throws.
+  // `reduced` (optional) sees each segment's result in its host lane, after the ring and before
+  // the host-to-device copy: (offset of the segment in data, its values). Segments come in order.
+  using SegmentObserver = std::function<void(size_t offset, std::span<const float> values)>;
   void AllReduce(float* data, size_t count, ReduceOp op, Deadline deadline,
-                 const std::atomic<bool>* abort = nullptr, const AllReduceOptions& call = {});
+                 const std::atomic<bool>* abort = nullptr, const AllReduceOptions& call = {},
+                 const SegmentObserver& reduced = nullptr);
+  // What the last AllReduce sent, summed over its segments.
+  const WireStats& last_wire_stats() const { return stats_; }
 
  private:
   Communicator& comm_;
   StagingCopier& copier_;
   std::vector<std::unique_ptr<transport::MemoryRegion>> regions_;
+  WireStats stats_;
 };
 
 }  // namespace pipesgd::collective
