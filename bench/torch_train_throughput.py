@@ -5,6 +5,7 @@ pipesgd_train_bench, on random inputs.
 
     pipesgd_train_bench CONFIG --print-job > job.json
     python3 bench/torch_train_throughput.py job.json --batch 64 --threads 1
+    python3 bench/torch_train_throughput.py job.json --batch 64 --device cuda   (GPU 0)
 
 Prints one JSON object, like pipesgd_train_bench.
 """
@@ -57,6 +58,7 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -64,13 +66,18 @@ def main():
     with open(args.job_json) as f:
         job = json.load(f)
     m = job["model"]
-    model = build(m)
+    device = torch.device(args.device)
+    model = build(m).to(device)
     train = job["train"]
     opt = torch.optim.SGD(model.parameters(), lr=train["learning_rate"],
                           momentum=train["momentum"], weight_decay=train["weight_decay"])
-    x = torch.rand(args.batch, m["input_channels"], m["input_height"], m["input_width"]) * 3 - 1
+    x = (torch.rand(args.batch, m["input_channels"], m["input_height"], m["input_width"]) * 3
+         - 1).to(device)
     classes = m["layers"][-1]["linear"]["out_features"]
-    y = torch.randint(0, classes, (args.batch,))
+    y = torch.randint(0, classes, (args.batch,)).to(device)
+    if device.type == "cuda":  # full FP32 GEMMs, as pipesgd's cuBLAS path
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def run(n):
@@ -79,6 +86,10 @@ def main():
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
+            # pipesgd's trainer reads every step's loss on the host; so does this loop.
+            loss.item()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     model.train()
     run(args.warmup)
@@ -89,7 +100,7 @@ def main():
         rates.append(args.steps * args.batch / (time.perf_counter() - start))
     params = sum(p.numel() for p in model.parameters())
     print(json.dumps({"impl": f"pytorch {torch.__version__}", "params": params,
-                      "batch": args.batch, "threads": torch.get_num_threads(),
+                      "batch": args.batch, "device": str(device), "threads": torch.get_num_threads(),
                       "mkldnn": torch.backends.mkldnn.is_available(), "steps": args.steps,
                       "samples_per_s": [round(r, 1) for r in rates],
                       "median_samples_per_s": round(statistics.median(rates), 1)}))

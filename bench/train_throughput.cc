@@ -1,14 +1,19 @@
-// Training throughput of one worker on the CPU: samples per second of the training step
-// (forward, backward and the SGD update) of the model of a job config, with no data loading and
-// no network, so that it compares like for like with bench/torch_train_throughput.py.
+// Training throughput of one worker: samples per second of the training step (forward,
+// backward and the SGD update) of the model of a job config, with no data loading and no network,
+// so that it compares like for like with bench/torch_train_throughput.py.
 //
 //   pipesgd_train_bench configs/fashion_mnist_cnn.pbtxt --batch 64 --steps 200 --repeats 3
+//   pipesgd_train_bench configs/fashion_mnist_cnn.pbtxt --batch 64 --device cuda --gpu 0
 //
-// Threads: OpenBLAS's (OPENBLAS_NUM_THREADS); the layers themselves are single-threaded.
+// CPU threads: OpenBLAS's (OPENBLAS_NUM_THREADS); the layers themselves are single-threaded.
+// On the GPU (builds with the CUDA backend) the inputs are uploaded once; each step waits for its
+// loss as the trainer does, and the timer stops after the stream is drained.
 // Prints one JSON object per line: model, batch, threads, steps, and samples/s of each repeat
 // and their median.
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -24,10 +29,14 @@
 #include "layers/model.h"
 #include "layers/rng.h"
 #include "layers/sgd.h"
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "layers/cuda/cuda_model.h"
+#include "layers/cuda/device.h"
+#endif
 
 int main(int argc, char** argv) {
   using namespace pipesgd;
-  CLI::App app{"training-step throughput of a job config's model on one CPU worker"};
+  CLI::App app{"training-step throughput of a job config's model on one worker"};
   std::string config_path;
   size_t batch = 64;
   int steps = 200, warmup = 20, repeats = 3;
@@ -39,6 +48,11 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timed repeats (the median is reported)")
       ->check(CLI::PositiveNumber);
   app.add_option("--set", sets, "config override PATH=VALUE (repeatable)");
+  std::string device_name = "cpu";
+  int gpu = 0;
+  app.add_option("--device", device_name, "cpu, or cuda (builds with the CUDA backend)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--gpu", gpu, "GPU index for --device cuda")->check(CLI::NonNegativeNumber);
   bool print_job = false;
   app.add_flag("--print-job", print_job,
                "print the effective job (defaults filled) as JSON and exit, for the PyTorch "
@@ -60,8 +74,9 @@ int main(int argc, char** argv) {
     const auto& train = job.train();
     std::vector<float> params(model.num_params()), grads(model.num_params());
     model.Init(params, train.seed());
-    layers::Sgd sgd({train.learning_rate(), train.momentum(), train.weight_decay()},
-                    params.size());
+    const layers::SgdOptions sgd_options{train.learning_rate(), train.momentum(),
+                                         train.weight_decay()};
+    layers::Sgd sgd(sgd_options, params.size());
     // Standardised-looking inputs and uniform labels; the step's cost does not depend on them.
     layers::Rng rng(7);
     std::vector<float> x(batch * model.in_features());
@@ -69,14 +84,61 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> labels(batch);
     for (auto& l : labels) l = static_cast<uint8_t>(rng.Below(model.num_classes()));
 
+    std::function<void(const layers::BatchKey&)> train_step = [&](const layers::BatchKey& key) {
+      model.ForwardBackward(params, x.data(), labels.data(), batch, grads, key);
+      sgd.Step(params, grads);
+    };
+    std::function<void()> drain = [] {};
+    std::string where = layers::BlasDescription();
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+    std::unique_ptr<cuda::Context> ctx;
+    std::unique_ptr<cuda::CudaModel> gpu_model;
+    std::unique_ptr<cuda::CudaSgd> gpu_sgd;
+    cuda::DeviceBuffer<float> d_params, d_grads, d_x;
+    cuda::DeviceBuffer<uint8_t> d_labels;
+    if (device_name == "cuda") {
+      ctx = std::make_unique<cuda::Context>(gpu);
+      const int device = gpu;  // for PSGD_CUDA
+      gpu_model = std::make_unique<cuda::CudaModel>(
+          *ctx, launcher::BuildCudaLayers(job.model()), batch);
+      gpu_sgd = std::make_unique<cuda::CudaSgd>(*ctx, sgd_options, params.size());
+      d_params = cuda::DeviceBuffer<float>(params.size(), gpu);
+      d_grads = cuda::DeviceBuffer<float>(params.size(), gpu);
+      d_x = cuda::DeviceBuffer<float>(x.size(), gpu);
+      d_labels = cuda::DeviceBuffer<uint8_t>(labels.size(), gpu);
+      PSGD_CUDA(cudaMemcpy(d_params.data(), params.data(), d_params.bytes(),
+                           cudaMemcpyHostToDevice));
+      // A copy from pageable memory may still be in flight when cudaMemcpy returns, and
+      // the context's stream does not wait for the legacy default stream.
+      PSGD_CUDA(cudaDeviceSynchronize());
+      PSGD_CUDA(cudaMemcpy(d_x.data(), x.data(), d_x.bytes(), cudaMemcpyHostToDevice));
+      PSGD_CUDA(cudaDeviceSynchronize());
+      PSGD_CUDA(cudaMemcpy(d_labels.data(), labels.data(), d_labels.bytes(),
+                           cudaMemcpyHostToDevice));
+      PSGD_CUDA(cudaDeviceSynchronize());
+      train_step = [&](const layers::BatchKey& key) {
+        gpu_model->ForwardBackward(d_params.data(), d_x.data(), d_labels.data(), batch,
+                                   d_grads.data(), key);
+        gpu_sgd->Step(d_params.data(), d_grads.data(), d_params.size());
+      };
+      drain = [&] { ctx->Synchronize("the benchmark's last step"); };
+      where = ctx->description();
+    }
+#else
+    if (device_name == "cuda") {
+      Throw(ErrorCode::kUnavailable,
+            "--device cuda: this build has no CUDA backend (configure with -DPIPESGD_CUDA=ON)");
+    }
+#endif
+
     int64_t step = 0;
     auto run = [&](int n) {
       for (int i = 0; i < n; i++, step++) {
         const layers::BatchKey key{.seed = train.seed(), .step = static_cast<uint64_t>(step),
                                    .first_row = 0};
-        model.ForwardBackward(params, x.data(), labels.data(), batch, grads, key);
-        sgd.Step(params, grads);
+        train_step(key);
       }
+      drain();
     };
     run(warmup);
     std::vector<double> rates;
@@ -91,10 +153,10 @@ int main(int argc, char** argv) {
     std::sort(sorted.begin(), sorted.end());
     std::printf("%s\n",
                 fmt::format("{{\"impl\": \"pipesgd\", \"config\": \"{}\", \"model\": \"{}\", "
-                            "\"params\": {}, \"batch\": {}, \"blas\": \"{}\", \"steps\": {}, "
+                            "\"params\": {}, \"batch\": {}, \"device\": \"{}\", \"blas\": \"{}\", \"steps\": {}, "
                             "\"samples_per_s\": [{:.1f}], \"median_samples_per_s\": {:.1f}}}",
-                            config_path, model.Describe(), model.num_params(), batch,
-                            layers::BlasDescription(), steps, fmt::join(rates, ", "),
+                            config_path, model.Describe(), model.num_params(), batch, device_name,
+                            where, steps, fmt::join(rates, ", "),
                             sorted[sorted.size() / 2])
                     .c_str());
   } catch (const Error& e) {

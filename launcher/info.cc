@@ -30,8 +30,10 @@ std::string InfoReport() {
   }
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
   // The GPU backend is compiled in; whether it can run depends on this machine's devices.
-  out += fmt::format("CUDA: backend built (model.device = CUDA: cuBLAS + CUDA kernels, untested on a GPU); {}\n",
-                     cuda::CudaDescription());
+  out += fmt::format(
+      "CUDA: backend built (model.device = CUDA: cuBLAS + CUDA kernels, device gradient slots); "
+      "{}\n",
+      cuda::CudaDescription());
 #else
   out += "CUDA: backend not built (no CUDA toolkit at build time, or -DPIPESGD_CUDA=OFF); "
          "model.device = CPU only\n";

@@ -28,6 +28,7 @@
 #include "core/base/timeline.h"
 #include "core/train/trainer.h"
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "core/cuda/cuda_gradients.h"
 #include "core/cuda/cuda_task.h"
 #include "layers/cuda/cuda_model.h"
 #include "layers/cuda/device.h"
@@ -558,8 +559,31 @@ void RunWorker(const WorkerArgs& args) {
     comm->set_timeline(recorder.get());
     task.set_timeline(recorder.get());
   }
-  train::Trainer trainer(*comm, *objective, sgd, params,
-                         {width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
+  train::TrainerOptions trainer_options{width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()};
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  // GPU gradients stay in device slots, AllReduced staged through pinned host lanes
+  // (core/cuda/cuda_gradients.h); error feedback keeps a per-call residual that segments would
+  // reset, so with it the gradients go through host slots instead.
+  std::unique_ptr<cuda::CudaDeviceGradients> device_gradients;
+  if (gpu) {
+    if (comm_cfg.error_feedback()) {
+      PSGD_LOG_INFO("rank {}: gradients reduced in host slots (comm.error_feedback is not "
+                    "supported on device slots)", env.rank);
+    } else {
+      collective::StagingOptions staging;
+      device_gradients = std::make_unique<cuda::CudaDeviceGradients>(*gpu, *comm, width,
+                                                                     params.size() + 1, staging);
+      trainer_options.device_gradients = device_gradients.get();
+      if (lead) {
+        PSGD_LOG_INFO("gradients stay on the GPU: {} device slots, staged through {} pinned "
+                      "host lanes of {} KiB",
+                      width, staging.lanes,
+                      std::min<uint64_t>(staging.segment_bytes, (params.size() + 1) * 4) / 1024);
+      }
+    }
+  }
+#endif
+  train::Trainer trainer(*comm, *objective, sgd, params, trainer_options);
   trainer.set_timeline(recorder.get());
   if (resumed) {
     train::TrainerSnapshot snapshot;

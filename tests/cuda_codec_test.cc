@@ -49,6 +49,9 @@ void CheckCodec(const CodecOptions& options, const std::vector<float>& src) {
   DeviceBuffer<float> d_src(n, device), d_out(n, device);
   DeviceBuffer<std::byte> d_enc(bytes, device);
   PSGD_CUDA(cudaMemcpy(d_src.data(), src.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  // A copy from pageable memory may still be in flight when cudaMemcpy returns, and
+  // the context's stream does not wait for the legacy default stream.
+  PSGD_CUDA(cudaDeviceSynchronize());
   const EncodeStats gpu_stats = gpu.Encode(d_src.data(), n, d_enc.data(), 12345);
   ctx.Synchronize("test");
   std::vector<std::byte> got(bytes);
@@ -61,12 +64,14 @@ void CheckCodec(const CodecOptions& options, const std::vector<float>& src) {
   cpu->Decode(want, cpu_dec);
   cpu->DecodeAdd(want, cpu_add);
   PSGD_CUDA(cudaMemcpy(d_enc.data(), want.data(), bytes, cudaMemcpyHostToDevice));
+  PSGD_CUDA(cudaDeviceSynchronize());
   gpu.Decode(d_enc.data(), d_out.data(), n);
   ctx.Synchronize("test");
   std::vector<float> gpu_dec(n);
   PSGD_CUDA(cudaMemcpy(gpu_dec.data(), d_out.data(), n * sizeof(float), cudaMemcpyDeviceToHost));
   EXPECT_EQ(std::memcmp(gpu_dec.data(), cpu_dec.data(), n * sizeof(float)), 0);
   PSGD_CUDA(cudaMemcpy(d_out.data(), src.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  PSGD_CUDA(cudaDeviceSynchronize());
   gpu.DecodeAdd(d_enc.data(), d_out.data(), n);
   ctx.Synchronize("test");
   std::vector<float> gpu_add(n);
@@ -122,6 +127,7 @@ TEST(CudaCodec, NonFiniteNamesTheElement) {
     DeviceBuffer<std::byte> d_enc(gpu.EncodedBytes(src.size()), device);
     PSGD_CUDA(cudaMemcpy(d_src.data(), src.data(), src.size() * sizeof(float),
                          cudaMemcpyHostToDevice));
+    PSGD_CUDA(cudaDeviceSynchronize());
     try {
       gpu.Encode(d_src.data(), src.size(), d_enc.data());
       FAIL() << CodecName(kind) << " encoded an infinity";

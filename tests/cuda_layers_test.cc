@@ -42,6 +42,9 @@ DeviceBuffer<float> Upload(Context& ctx, const std::vector<float>& v) {
   DeviceBuffer<float> d(std::max<size_t>(v.size(), 1), device);
   if (!v.empty()) {
     PSGD_CUDA(cudaMemcpy(d.data(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // A copy from pageable memory may still be in flight when cudaMemcpy returns, and
+    // the context's stream does not wait for the legacy default stream.
+    PSGD_CUDA(cudaDeviceSynchronize());
   }
   return d;
 }
@@ -185,6 +188,7 @@ TEST(CudaModel, TrainingStepMatchesCpu) {
   const int device = 0;
   DeviceBuffer<uint8_t> d_labels(batch, device);
   PSGD_CUDA(cudaMemcpy(d_labels.data(), labels.data(), batch, cudaMemcpyHostToDevice));
+  PSGD_CUDA(cudaDeviceSynchronize());
   DeviceBuffer<float> d_grads(gpu.num_params(), device);
   const float gpu_loss = gpu.ForwardBackward(d_params.data(), d_x.data(), d_labels.data(), batch,
                                              d_grads.data());
@@ -244,6 +248,7 @@ TEST(CudaModel, CnnTrainingStepMatchesCpu) {
   DeviceBuffer<uint8_t> d_labels(batch, 0);
   const int device = 0;
   PSGD_CUDA(cudaMemcpy(d_labels.data(), labels.data(), batch, cudaMemcpyHostToDevice));
+  PSGD_CUDA(cudaDeviceSynchronize());
   DeviceBuffer<float> d_grads(gpu.num_params(), device);
   const float gpu_loss = gpu.ForwardBackward(d_params.data(), d_x.data(), d_labels.data(), batch,
                                              d_grads.data(), key);

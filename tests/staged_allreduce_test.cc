@@ -1,9 +1,8 @@
 // The staged AllReduce's pipeline (core/collective/staged_allreduce.h) on the CPU: the "device"
 // buffer is ordinary memory and the copier is HostStagingCopier (memcpy, deferred to the next
 // wait, in issue order), over real ranks on loopback TCP. This exercises the segment/lane logic
-// that the CUDA path uses; the CUDA copier itself (core/cuda/cuda_staging.h) is NOT
-// exercised here and is untested (no GPU on the machine this was written on; see
-// tests/cuda_staging_test.cc, which skips without a device).
+// that the CUDA path uses; the CUDA copier itself (core/cuda/cuda_staging.h) is exercised by
+// tests/cuda_staging_test.cc where a GPU exists (it skips without one).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -75,10 +75,13 @@ StagedAllReduce::StagedAllReduce(Communicator& comm, StagingCopier& copier)
 StagedAllReduce::~StagedAllReduce() = default;
 
 void StagedAllReduce::AllReduce(float* data, size_t count, ReduceOp op, Deadline deadline,
-                                const std::atomic<bool>* abort, const AllReduceOptions& call) {
+                                const std::atomic<bool>* abort, const AllReduceOptions& call,
+                                const SegmentObserver& reduced) {
   PSGD_CHECK_LE(call.exact_tail, count);
+  stats_ = {};
   if (count == 0) {
     comm_.AllReduce({}, op, deadline, abort, call);  // neighbours still compare headers
+    stats_ = comm_.last_wire_stats();
     return;
   }
   const size_t seg = copier_.segment_elems();
@@ -110,10 +113,18 @@ void StagedAllReduce::AllReduce(float* data, size_t count, ReduceOp op, Deadline
       seg_call.exact_tail = end > tail_start ? end - std::max(begin, tail_start) : 0;
       try {
         comm_.AllReduce({copier_.host(lane), n}, op, deadline, abort, seg_call);
+        const WireStats& seg_stats = comm_.last_wire_stats();
+        stats_.chunks_sent += seg_stats.chunks_sent;
+        stats_.bytes_sent += seg_stats.bytes_sent;
+        stats_.payload_bytes += seg_stats.payload_bytes;
+        stats_.raw_payload_bytes += seg_stats.raw_payload_bytes;
+        stats_.saturated += seg_stats.saturated;
+        stats_.compressed = stats_.compressed || seg_stats.compressed;
       } catch (const Error& e) {
         throw e.Wrap(fmt::format("staged AllReduce, segment {} of {} (elements [{}, {}))", i,
                                  segments, begin, end));
       }
+      if (reduced) reduced(begin, {copier_.host(lane), n});
       copier_.ToDevice(lane, data + begin, n);
     }
   } catch (...) {

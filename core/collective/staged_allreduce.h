@@ -15,17 +15,20 @@
 // The copies are behind StagingCopier so that this pipeline's logic runs, and is tested, on the
 // CPU (HostStagingCopier: plain memcpy, executed lazily in issue order so a missing wait shows up
 // as a wrong sum); core/cuda/cuda_staging.h is the CUDA copier (pinned lanes, two copy
-// streams and events), which is UNTESTED: no GPU on the machine this was written on.
+// streams and events), tested on an H200 by tests/cuda_staging_test.cc.
 //
 // The reduction itself is the host ring's (Communicator::AllReduce on each staged segment), so
 // results are those of the host ring: integer sums below 2^24 are exact, codecs apply per
 // segment. Not done (see docs/gpu.md): reducing received chunks on the GPU inside the ring, and
 // ibverbs GPUDirect without staging (the ring's reduction reads its buffer on the CPU).
+// The trainer's device gradient slots (core/cuda/cuda_gradients.h) are reduced through this.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -114,13 +117,20 @@ class StagedAllReduce {
   // Each segment is one collective on comm (sequence numbers advance by the segment count).
   // Throws what Communicator::AllReduce throws; the copier is drained before it returns or
   // throws.
+  // `reduced` (optional) sees each segment's result in its host lane, after the ring and before
+  // the host-to-device copy: (offset of the segment in data, its values). Segments come in order.
+  using SegmentObserver = std::function<void(size_t offset, std::span<const float> values)>;
   void AllReduce(float* data, size_t count, ReduceOp op, Deadline deadline,
-                 const std::atomic<bool>* abort = nullptr, const AllReduceOptions& call = {});
+                 const std::atomic<bool>* abort = nullptr, const AllReduceOptions& call = {},
+                 const SegmentObserver& reduced = nullptr);
+  // What the last AllReduce sent, summed over its segments.
+  const WireStats& last_wire_stats() const { return stats_; }
 
  private:
   Communicator& comm_;
   StagingCopier& copier_;
   std::vector<std::unique_ptr<transport::MemoryRegion>> regions_;
+  WireStats stats_;
 };
 
 }  // namespace pipesgd::collective

@@ -50,8 +50,7 @@ void CudaClassifierTask::Upload(size_t n, size_t features) {
                             ctx_.stream()));
 }
 
-float CudaClassifierTask::ComputeGradient(int64_t step, std::span<const float> params,
-                                          std::span<float> grads) {
+float CudaClassifierTask::Run(int64_t step, std::span<const float> params, float* device_grads) {
   EnsureCurrent(params);
   const size_t per_epoch = sampler_.steps_per_epoch();
   PSGD_CHECK_GT(per_epoch, 0u);
@@ -64,14 +63,25 @@ float CudaClassifierTask::ComputeGradient(int64_t step, std::span<const float> p
   const layers::BatchKey key{.seed = seed_,
                              .step = static_cast<uint64_t>(step),
                              .first_row = static_cast<uint64_t>(rank_) * batch_size_};
-  const float loss = model_.ForwardBackward(params_.values.data(), x_.data(), labels_.data(),
-                                            batch.size(), params_.grads.data(), key);
-  const int device = ctx_.device();
+  return model_.ForwardBackward(params_.values.data(), x_.data(), labels_.data(), batch.size(),
+                                device_grads, key);
+}
+
+float CudaClassifierTask::ComputeGradient(int64_t step, std::span<const float> params,
+                                          std::span<float> grads) {
   PSGD_CHECK_EQ(grads.size(), params_.grads.size());
+  const float loss = Run(step, params, params_.grads.data());
+  const int device = ctx_.device();
   PSGD_CUDA(cudaMemcpyAsync(grads.data(), params_.grads.data(), grads.size_bytes(),
                             cudaMemcpyDeviceToHost, ctx_.stream()));
   ctx_.Synchronize("copying the gradient to the host");
   return loss;
+}
+
+float CudaClassifierTask::ComputeGradientOnDevice(int64_t step, std::span<const float> params,
+                                                  float* device_grads) {
+  // ForwardBackward has waited for the stream (it read the loss): the slot is complete.
+  return Run(step, params, device_grads);
 }
 
 layers::EvalResult CudaClassifierTask::EvaluateShard(std::span<const float> params,
@@ -102,15 +112,24 @@ CudaSgdOptimizer::CudaSgdOptimizer(Context& ctx, DeviceParams& params,
 
 void CudaSgdOptimizer::Apply(std::span<float> params, std::span<const float> grads) {
   const int device = ctx_.device();
-  PSGD_CHECK_EQ(params.size(), params_.values.size());
   PSGD_CHECK_EQ(grads.size(), params_.grads.size());
+  PSGD_CUDA(cudaMemcpyAsync(params_.grads.data(), grads.data(), grads.size_bytes(),
+                            cudaMemcpyHostToDevice, ctx_.stream()));
+  Step(params, params_.grads.data());
+}
+
+void CudaSgdOptimizer::ApplyFromDevice(std::span<float> params, const float* device_grads) {
+  Step(params, device_grads);
+}
+
+void CudaSgdOptimizer::Step(std::span<float> params, const float* device_grads) {
+  const int device = ctx_.device();
+  PSGD_CHECK_EQ(params.size(), params_.values.size());
   if (!params_.current) {
     PSGD_CUDA(cudaMemcpyAsync(params_.values.data(), params.data(), params.size_bytes(),
                               cudaMemcpyHostToDevice, ctx_.stream()));
   }
-  PSGD_CUDA(cudaMemcpyAsync(params_.grads.data(), grads.data(), grads.size_bytes(),
-                            cudaMemcpyHostToDevice, ctx_.stream()));
-  sgd_.Step(params_.values.data(), params_.grads.data(), params.size());
+  sgd_.Step(params_.values.data(), device_grads, params.size());
   PSGD_CUDA(cudaMemcpyAsync(params.data(), params_.values.data(), params.size_bytes(),
                             cudaMemcpyDeviceToHost, ctx_.stream()));
   ctx_.Synchronize("an SGD step");

@@ -3,14 +3,16 @@
 //
 // What lives where: the parameters are resident on the GPU (one contiguous device buffer, the CPU
 // layout) and mirrored on the host after every update (the trainer's params span: checkpoints and
-// the loss/finiteness checks read it); the gradient of each step is computed on the GPU (one
-// contiguous device buffer) and copied once into the trainer's gradient slot, which the ring
-// AllReduces over host memory as on the CPU path; the optimizer copies the reduced gradient back
-// and steps on the GPU. Batches are gathered into pinned host buffers and copied asynchronously.
-// Not done here: keeping the gradients on the GPU through the ring (the staged AllReduce,
-// core/collective/staged_allreduce.h, is that building block; see docs/gpu.md).
+// evaluation on other ranks read it). The gradient of each step is computed on the GPU:
+//   - with device gradient slots (the default, CudaDeviceGradients in cuda_gradients.h) straight
+//     into the trainer's device slot, which is AllReduced staged through pinned host lanes, and
+//     the optimizer steps from that slot (ComputeGradientOnDevice / ApplyFromDevice);
+//   - with host slots (comm.error_feedback, which the staged AllReduce refuses) it is copied into
+//     the trainer's host slot, reduced there, and copied back by the optimizer.
+// Batches are gathered into pinned host buffers and copied asynchronously.
 //
-// UNTESTED ON A GPU: compiled and linked, never run (no GPU on the machine this was written on).
+// Run on an NVIDIA H200 (tests/cuda_*_test.cc, and 4-rank training over loopback TCP); see
+// docs/gpu.md for what ran there.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +47,8 @@ class CudaClassifierTask : public train::Objective {
   size_t steps_per_epoch() const { return sampler_.steps_per_epoch(); }
   float ComputeGradient(int64_t step, std::span<const float> params,
                         std::span<float> grads) override;
+  float ComputeGradientOnDevice(int64_t step, std::span<const float> params,
+                                float* device_grads) override;
   // As train::ClassifierTask::EvaluateShard, on the GPU (params: the host copy, uploaded if the
   // device copy is not current).
   layers::EvalResult EvaluateShard(std::span<const float> params, const data::Dataset& test,
@@ -52,6 +56,8 @@ class CudaClassifierTask : public train::Objective {
 
  private:
   void EnsureCurrent(std::span<const float> params);
+  // Uploads batch `step` and runs forward/backward into device_grads; returns the loss.
+  float Run(int64_t step, std::span<const float> params, float* device_grads);
   // Copies n samples (already gathered into the pinned buffers) to the device, asynchronously.
   void Upload(size_t n, size_t features);
 
@@ -76,10 +82,14 @@ class CudaSgdOptimizer : public train::Optimizer {
   CudaSgdOptimizer(Context& ctx, DeviceParams& params, const layers::SgdOptions& options);
   // Uploads the reduced gradient, steps on the GPU, mirrors the parameters to the host.
   void Apply(std::span<float> params, std::span<const float> grads) override;
+  // Steps on the GPU from the device gradient, mirrors the parameters to the host.
+  void ApplyFromDevice(std::span<float> params, const float* device_grads) override;
   std::vector<float> SaveState() const override { return sgd_.SaveState(); }
   void LoadState(std::span<const float> state) override { sgd_.LoadState(state); }
 
  private:
+  void Step(std::span<float> params, const float* device_grads);
+
   Context& ctx_;
   DeviceParams& params_;
   CudaSgd sgd_;

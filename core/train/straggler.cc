@@ -32,13 +32,23 @@ StragglerObjective::StragglerObjective(Objective& inner, const StragglerOptions&
   active_ = std::find(options.ranks.begin(), options.ranks.end(), rank) != options.ranks.end();
 }
 
-float StragglerObjective::ComputeGradient(int64_t step, std::span<const float> params,
-                                          std::span<float> grads) {
+void StragglerObjective::MaybeSleep(int64_t step) {
   if (active_ && StragglerSleeps(options_, rank_, step)) {
     ++sleeps_;
     std::this_thread::sleep_for(std::chrono::duration<double>(options_.sleep_s));
   }
+}
+
+float StragglerObjective::ComputeGradient(int64_t step, std::span<const float> params,
+                                          std::span<float> grads) {
+  MaybeSleep(step);
   return inner_.ComputeGradient(step, params, grads);
+}
+
+float StragglerObjective::ComputeGradientOnDevice(int64_t step, std::span<const float> params,
+                                                  float* device_grads) {
+  MaybeSleep(step);
+  return inner_.ComputeGradientOnDevice(step, params, device_grads);
 }
 
 }  // namespace pipesgd::train

@@ -30,9 +30,13 @@ class StragglerObjective : public Objective {
   size_t num_params() const override { return inner_.num_params(); }
   float ComputeGradient(int64_t step, std::span<const float> params,
                         std::span<float> grads) override;
+  float ComputeGradientOnDevice(int64_t step, std::span<const float> params,
+                                float* device_grads) override;
   int64_t sleeps() const { return sleeps_; }
 
  private:
+  void MaybeSleep(int64_t step);
+
   Objective& inner_;
   StragglerOptions options_;
   int rank_;

@@ -10,6 +10,31 @@ namespace pipesgd::train {
 
 using collective::ReduceOp;
 
+void SlotSummaryBuilder::Add(size_t offset, std::span<const float> values) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i]) &&
+        (summary_.first_nonfinite < 0 ||
+         offset + i < static_cast<size_t>(summary_.first_nonfinite))) {
+      summary_.first_nonfinite = static_cast<int64_t>(offset + i);
+      summary_.nonfinite_value = values[i];
+      break;  // later ones in this piece are higher
+    }
+  }
+  if (offset + values.size() == elems_ && !values.empty()) summary_.loss = values.back();
+}
+
+float Objective::ComputeGradientOnDevice(int64_t, std::span<const float>, float*) {
+  Throw(ErrorCode::kInvalidArgument,
+        "this objective computes gradients in host memory only; the trainer was given device "
+        "gradient slots");
+}
+
+void Optimizer::ApplyFromDevice(std::span<float>, const float*) {
+  Throw(ErrorCode::kInvalidArgument,
+        "this optimizer applies gradients from host memory only; the trainer was given device "
+        "gradient slots");
+}
+
 Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer& optimizer,
                  std::span<float> params, const TrainerOptions& options)
     : comm_(comm),
@@ -17,7 +42,8 @@ Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer
       optimizer_(optimizer),
       params_(params),
       options_(options),
-      num_params_(objective.num_params()) {
+      num_params_(objective.num_params()),
+      device_(options.device_gradients) {
   if (options.pipeline_width < 1) {
     Throw(ErrorCode::kInvalidArgument, "pipeline width {}: expected an integer >= 1",
           options.pipeline_width);
@@ -26,11 +52,20 @@ Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer
     Throw(ErrorCode::kInvalidArgument, "trainer got {} parameters, the objective has {}",
           params.size(), num_params_);
   }
+  if (device_ != nullptr &&
+      (device_->slots() < options.pipeline_width || device_->slot_elems() != num_params_ + 1)) {
+    Throw(ErrorCode::kInvalidArgument,
+          "device gradient slots: {} of {} floats; pipeline width {} needs {} of {}",
+          device_->slots(), device_->slot_elems(), options.pipeline_width,
+          options.pipeline_width, num_params_ + 1);
+  }
   slots_.resize(options.pipeline_width);
-  for (Slot& slot : slots_) {
-    slot.buffer.assign(num_params_ + 1, 0.0f);
-    // Registered once, so RDMA transports move it with no per-step registration.
-    slot.region = comm_.RegisterMemory(slot.buffer);
+  if (device_ == nullptr) {
+    for (Slot& slot : slots_) {
+      slot.buffer.assign(num_params_ + 1, 0.0f);
+      // Registered once, so RDMA transports move it with no per-step registration.
+      slot.region = comm_.RegisterMemory(slot.buffer);
+    }
   }
   comm_thread_ = std::thread([this] { CommLoop(); });
 }
@@ -57,8 +92,13 @@ void Trainer::CommLoop() {
     try {
       if (timeline_ && job->step >= 0) timeline_->SetStep(timeline::kComm, job->step);
       timeline::Span span(job->step >= 0 ? timeline_ : nullptr, timeline::kComm, "allreduce");
-      comm_.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_,
-                      job->call);
+      if (job->device_slot >= 0) {
+        device_->AllReduce(job->device_slot, job->op, Deadline::After(options_.timeout_s),
+                           &abort_, job->call);
+      } else {
+        comm_.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_,
+                        job->call);
+      }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       comm_error_ = std::current_exception();
@@ -68,7 +108,8 @@ void Trainer::CommLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (job->gradient) {
-        const collective::WireStats& stats = comm_.last_wire_stats();
+        const collective::WireStats stats =
+            job->device_slot >= 0 ? device_->last_wire_stats() : comm_.last_wire_stats();
         wire_.steps += 1;
         wire_.compressed_steps += stats.compressed ? 1 : 0;
         wire_.bytes_sent += stats.bytes_sent;
@@ -108,16 +149,23 @@ void Trainer::WaitJob(std::unique_lock<std::mutex>& lock, Job& job, int64_t step
 void Trainer::Step() {
   const int64_t t = steps_;
   const int k = options_.pipeline_width;
-  Slot& slot = slots_[t % k];
+  const int index = static_cast<int>(t % k);
+  Slot& slot = slots_[index];
   PSGD_CHECK(!slot.busy);  // Finish() released it K steps ago
   if (timeline_) timeline_->SetStep(timeline::kCompute, t);
 
-  std::span<float> grads(slot.buffer.data(), num_params_);
-  const float loss = objective_.ComputeGradient(t, params_, grads);
-  slot.buffer[num_params_] = loss;
+  if (device_ != nullptr) {
+    const float loss = objective_.ComputeGradientOnDevice(t, params_, device_->slot(index));
+    device_->SetLoss(index, loss);
+    slot.job.device_slot = index;
+  } else {
+    std::span<float> grads(slot.buffer.data(), num_params_);
+    const float loss = objective_.ComputeGradient(t, params_, grads);
+    slot.buffer[num_params_] = loss;
+    slot.job.data = slot.buffer;
+  }
   slot.step = t;
   slot.busy = true;
-  slot.job.data = slot.buffer;
   slot.job.op = ReduceOp::kAverage;
   slot.job.gradient = true;
   slot.job.step = t;
@@ -132,16 +180,43 @@ void Trainer::Step() {
   if (t - k + 1 >= finished_) Finish(t - k + 1, /*apply=*/true);
 }
 
+float Trainer::SlotLoss(int index) {
+  if (device_ == nullptr) return slots_[index].buffer[num_params_];
+  return device_->Summary(index).loss;
+}
+
+void Trainer::CheckAggregate(int index, int64_t s, const char* what) {
+  int64_t bad = -1;
+  float value = 0;
+  if (device_ != nullptr) {
+    const SlotSummary summary = device_->Summary(index);
+    bad = summary.first_nonfinite;
+    value = summary.nonfinite_value;
+  } else {
+    const std::vector<float>& buffer = slots_[index].buffer;
+    for (size_t i = 0; i < buffer.size() && bad < 0; ++i) {
+      if (!std::isfinite(buffer[i])) bad = static_cast<int64_t>(i), value = buffer[i];
+    }
+  }
+  if (bad < 0) return;
+  Throw(ErrorCode::kNumerical, "rank {}: step {}: the {} has a non-finite value ({}) at {} {}{}",
+        comm_.rank(), s, what, value,
+        static_cast<size_t>(bad) == num_params_ ? "the loss, element" : "parameter", bad,
+        what[0] == 'p' ? "; not taking a checkpoint of this state"
+                       : "; stopping without applying this update");
+}
+
 void Trainer::Finish(int64_t s, bool apply) {
   PSGD_CHECK_EQ(s, finished_);
-  Slot& slot = slots_[s % options_.pipeline_width];
+  const int index = static_cast<int>(s % options_.pipeline_width);
+  Slot& slot = slots_[index];
   PSGD_CHECK_EQ(slot.step, s);
   {
     timeline::Span span(timeline_, timeline::kCompute, "wait_aggregate");
     std::unique_lock<std::mutex> lock(mu_);
     WaitJob(lock, slot.job, s);
   }
-  const float loss = slot.buffer[num_params_];
+  const float loss = SlotLoss(index);
   losses_[s] = loss;
   // Checked only for updates that are applied: Drain(false) after an error must still release
   // every slot (so no peer is left inside a collective), whatever the values.
@@ -152,16 +227,13 @@ void Trainer::Finish(int64_t s, bool apply) {
           comm_.rank(), s, loss);
   }
   if (apply) {
-    for (size_t i = 0; i < num_params_; ++i) {
-      if (!std::isfinite(slot.buffer[i])) {
-        Throw(ErrorCode::kNumerical,
-              "rank {}: step {}: the averaged gradient has a non-finite value ({}) at parameter "
-              "{}; stopping without applying this update",
-              comm_.rank(), s, slot.buffer[i], i);
-      }
-    }
+    CheckAggregate(index, s, "averaged gradient");
     timeline::Span span(timeline_, timeline::kCompute, "update");
-    optimizer_.Apply(params_, std::span<const float>(slot.buffer.data(), num_params_));
+    if (device_ != nullptr) {
+      optimizer_.ApplyFromDevice(params_, device_->slot(index));
+    } else {
+      optimizer_.Apply(params_, std::span<const float>(slot.buffer.data(), num_params_));
+    }
     ++applied_;
   }
   slot.busy = false;
@@ -169,8 +241,9 @@ void Trainer::Finish(int64_t s, bool apply) {
 }
 
 void Trainer::HarvestLosses() {
-  for (Slot& slot : slots_) {
-    if (slot.busy && slot.job.done) losses_[slot.step] = slot.buffer[num_params_];
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
+    if (slot.busy && slot.job.done) losses_[slot.step] = SlotLoss(static_cast<int>(i));
   }
 }
 
@@ -216,17 +289,16 @@ TrainerSnapshot Trainer::Snapshot() {
   snapshot.applied = applied_;
   snapshot.losses = losses_;
   for (int64_t s = finished_; s < steps_; ++s) {
-    const Slot& slot = slots_[s % options_.pipeline_width];
+    const int index = static_cast<int>(s % options_.pipeline_width);
+    const Slot& slot = slots_[index];
     PSGD_CHECK_EQ(slot.step, s);
-    for (size_t i = 0; i < slot.buffer.size(); ++i) {
-      if (!std::isfinite(slot.buffer[i])) {
-        Throw(ErrorCode::kNumerical,
-              "rank {}: step {}: the pending aggregate has a non-finite value ({}) at element "
-              "{}; not taking a checkpoint of this state",
-              comm_.rank(), s, slot.buffer[i], i);
-      }
+    CheckAggregate(index, s, "pending aggregate");
+    std::vector<float> aggregate = slot.buffer;
+    if (device_ != nullptr) {
+      aggregate.resize(num_params_ + 1);
+      device_->Read(index, aggregate);
     }
-    snapshot.pending.push_back({s, slot.buffer});
+    snapshot.pending.push_back({s, std::move(aggregate)});
   }
   return snapshot;
 }
@@ -259,11 +331,17 @@ void Trainer::Restore(const TrainerSnapshot& snapshot) {
   finished_ = snapshot.steps - pending;
   losses_ = snapshot.losses;
   for (const TrainerSnapshot::Pending& p : snapshot.pending) {
-    Slot& slot = slots_[p.step % k];
-    slot.buffer = p.aggregate;
+    const int index = static_cast<int>(p.step % k);
+    Slot& slot = slots_[index];
+    if (device_ != nullptr) {
+      device_->Write(index, p.aggregate);
+      slot.job.device_slot = index;
+    } else {
+      slot.buffer = p.aggregate;
+      slot.job.data = slot.buffer;
+    }
     slot.step = p.step;
     slot.busy = true;
-    slot.job.data = slot.buffer;
     slot.job.done = true;  // reduced before the checkpoint; nothing to send
   }
 }

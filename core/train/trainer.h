@@ -15,6 +15,12 @@
 // The rank's mean loss rides along as one extra element of each gradient buffer, so the loss
 // averaged over ranks arrives with G[t] at no extra collective, and a non-finite loss stops every
 // rank at the same step with the same error.
+//
+// Gradient slots live in host memory by default. With TrainerOptions::device_gradients (the GPU
+// path) they live in device memory instead: the objective writes g[t] there, the communication
+// thread AllReduces the device slot through that object (e.g. staged through pinned host
+// buffers, core/collective/staged_allreduce.h), and the optimizer reads G[t] there, so the
+// gradient never makes a whole extra trip through host memory.
 #pragma once
 
 #include <atomic>
@@ -43,6 +49,10 @@ class Objective {
   // grads (num_params floats) and returns the local mean loss.
   virtual float ComputeGradient(int64_t step, std::span<const float> params,
                                 std::span<float> grads) = 0;
+  // As ComputeGradient, into DEVICE memory (num_params floats at device_grads), for a trainer
+  // with device gradient slots. The default throws Error(kInvalidArgument): host-only objectives.
+  virtual float ComputeGradientOnDevice(int64_t step, std::span<const float> params,
+                                        float* device_grads);
 };
 
 // Applies one rank-averaged gradient to the parameters (SGD, momentum, ...).
@@ -50,6 +60,9 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual void Apply(std::span<float> params, std::span<const float> grads) = 0;
+  // As Apply with the averaged gradient in DEVICE memory (num_params floats); params is the
+  // host copy, updated too. The default throws Error(kInvalidArgument).
+  virtual void ApplyFromDevice(std::span<float> params, const float* device_grads);
   // Everything Apply depends on besides params and grads, for checkpoints (e.g. momentum).
   virtual std::vector<float> SaveState() const { return {}; }
   // Restores SaveState's floats; throws Error(kDataLoss) when they do not fit.
@@ -75,6 +88,54 @@ struct TrainerSnapshot {
   std::vector<Pending> pending;  // ascending steps, at most K-1
 };
 
+// What the trainer needs to know of a reduced gradient slot before it applies it: the averaged
+// loss (the slot's last element) and the first non-finite element, if any.
+struct SlotSummary {
+  float loss = 0;
+  int64_t first_nonfinite = -1;  // element index, -1: all finite
+  float nonfinite_value = 0;
+};
+
+// Builds a SlotSummary from a slot's values seen piece by piece (e.g. each staged segment in its
+// host lane while it is reduced), so the trainer needs no extra pass over device memory.
+class SlotSummaryBuilder {
+ public:
+  explicit SlotSummaryBuilder(size_t elems) : elems_(elems) {}
+  void Add(size_t offset, std::span<const float> values);
+  SlotSummary Get() const { return summary_; }
+
+ private:
+  size_t elems_;
+  SlotSummary summary_;
+};
+
+// Gradient slots in device memory and how they are AllReduced (see the top of this file). The
+// trainer calls slot/SetLoss/Summary/Read/Write on its compute thread and AllReduce on its
+// communication thread, never two calls on the same slot at once. Every slot holds
+// num_params + 1 floats: the gradient, then the loss.
+class DeviceGradients {
+ public:
+  virtual ~DeviceGradients() = default;
+  virtual int slots() const = 0;
+  virtual size_t slot_elems() const = 0;  // num_params + 1
+  // Device pointer to slot i (slot_elems floats).
+  virtual float* slot(int i) = 0;
+  // Stores the loss in slot i's last element, ordered before the slot's next AllReduce (need
+  // not block).
+  virtual void SetLoss(int i, float loss) = 0;
+  // As Communicator::AllReduce on slot i's slot_elems floats, in place; throws what it throws.
+  virtual void AllReduce(int i, collective::ReduceOp op, Deadline deadline,
+                         const std::atomic<bool>* abort,
+                         const collective::AllReduceOptions& call) = 0;
+  // What the last AllReduce sent (all of it, over however many collectives it took).
+  virtual collective::WireStats last_wire_stats() const = 0;
+  // Loss and first non-finite element of slot i as it is now (after its AllReduce or a Write).
+  virtual SlotSummary Summary(int i) = 0;
+  // Blocking copies of the whole of slot i to and from host memory (checkpoints).
+  virtual void Read(int i, std::span<float> out) = 0;
+  virtual void Write(int i, std::span<const float> in) = 0;
+};
+
 struct TrainerOptions {
   int pipeline_width = 2;  // K >= 1
   // Bound on every wait: one AllReduce, and the compute thread's wait for an aggregate.
@@ -82,6 +143,9 @@ struct TrainerOptions {
   // Steps 0 .. warmup_steps-1 send their gradients uncompressed even when the communicator
   // has a codec (early gradients are large and change fast; compression error hurts most).
   int64_t compression_warmup_steps = 0;
+  // Device gradient slots (null: host slots). At least pipeline_width slots of num_params + 1
+  // floats; must outlive the trainer.
+  DeviceGradients* device_gradients = nullptr;
 };
 
 // What the gradient AllReduces sent so far, summed over steps (as seen by this rank).
@@ -156,10 +220,11 @@ class Trainer {
     collective::AllReduceOptions call;
     bool gradient = false;  // counts in wire_totals()
     int64_t step = -1;      // the gradient's step (timeline); -1 for other collectives
+    int device_slot = -1;   // >= 0: AllReduce this device slot instead of data
     bool done = false;
   };
   struct Slot {
-    std::vector<float> buffer;  // num_params gradient floats, then the local loss
+    std::vector<float> buffer;  // num_params gradient floats, then the local loss (host slots)
     std::unique_ptr<transport::MemoryRegion> region;  // buffer, registered with the transport
     Job job;
     int64_t step = -1;
@@ -174,6 +239,10 @@ class Trainer {
   void Finish(int64_t s, bool apply);
   // Records the losses of finished AllReduces (REQUIRES: mu_ held).
   void HarvestLosses();
+  // The averaged loss of a slot whose AllReduce has finished.
+  float SlotLoss(int index);
+  // Throws kNumerical when the aggregate in slot `index` (step s) has a non-finite value.
+  void CheckAggregate(int index, int64_t s, const char* what);
 
   collective::Communicator& comm_;
   Objective& objective_;
@@ -182,6 +251,7 @@ class Trainer {
   TrainerOptions options_;
   const size_t num_params_;
 
+  DeviceGradients* device_ = nullptr;
   std::vector<Slot> slots_;  // K of them; slot t % K holds step t
   int64_t steps_ = 0;
   int64_t applied_ = 0;

@@ -109,10 +109,12 @@ template class DeviceBuffer<double>;
 template class DeviceBuffer<uint8_t>;
 template class DeviceBuffer<std::byte>;
 template class DeviceBuffer<uint32_t>;
+template class DeviceBuffer<unsigned long long>;
 template class PinnedBuffer<float>;
 template class PinnedBuffer<uint8_t>;
 template class PinnedBuffer<double>;
 template class PinnedBuffer<std::byte>;
+template class PinnedBuffer<unsigned long long>;
 
 Stream::Stream(int device) : device_(device) {
   PSGD_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

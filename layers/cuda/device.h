@@ -6,8 +6,7 @@
 // CMakeLists.txt); the binaries then link libcudart and libcublas but run on machines without a
 // GPU or driver: CudaDeviceCount() returns 0 there and nothing else is called.
 //
-// UNTESTED ON A GPU: this code was compiled and linked, but the machine it was written on has no
-// GPU, so none of it has run (docs/gpu.md).
+// Run on an H200 (docs/gpu.md); the development and CI machines have no GPU.
 #pragma once
 
 #include <cstddef>

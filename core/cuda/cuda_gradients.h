@@ -1,0 +1,58 @@
+// Device gradient slots for the trainer (train::DeviceGradients, core/train/trainer.h) on one
+// CUDA device: K device buffers of num_params + 1 floats, AllReduced in place through the staged
+// AllReduce (core/collective/staged_allreduce.h) with pinned host lanes and two copy streams
+// (CudaStagingCopier), so the device-to-host copy of segment i+1, the ring on segment i and the
+// host-to-device copy of segment i-1 overlap. The ring itself (and so the reduction of received
+// chunks) runs on the host lanes: over TCP and UCX the wire moves host memory anyway.
+// The loss and the finiteness check the trainer needs before an update are taken from the host
+// lanes while the slot is reduced (SlotSummaryBuilder), so they cost no extra GPU round trip;
+// after a Write (a restored checkpoint) they are computed on the GPU instead.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/collective/staged_allreduce.h"
+#include "core/cuda/cuda_staging.h"
+#include "core/train/trainer.h"
+#include "layers/cuda/device.h"
+
+namespace pipesgd::cuda {
+
+class CudaDeviceGradients final : public train::DeviceGradients {
+ public:
+  // `slots` buffers of `slot_elems` floats on ctx's device; segments of
+  // min(staging.segment_bytes / 4, slot_elems) floats in staging.lanes pinned lanes. comm and
+  // ctx must outlive this. Throws what StagedAllReduce's constructor throws (e.g. error
+  // feedback on comm) and kUnavailable / kInternal for CUDA failures.
+  CudaDeviceGradients(Context& ctx, collective::Communicator& comm, int slots, size_t slot_elems,
+                      const collective::StagingOptions& staging = {});
+  ~CudaDeviceGradients() override;
+
+  int slots() const override { return static_cast<int>(slots_.size()); }
+  size_t slot_elems() const override { return slot_elems_; }
+  float* slot(int i) override { return slots_.at(i).data(); }
+  // Runs on the trainer's communication thread (selects the device there first).
+  void AllReduce(int i, collective::ReduceOp op, Deadline deadline,
+                 const std::atomic<bool>* abort,
+                 const collective::AllReduceOptions& call) override;
+  collective::WireStats last_wire_stats() const override { return staged_->last_wire_stats(); }
+  void SetLoss(int i, float loss) override;
+  train::SlotSummary Summary(int i) override;
+  void Read(int i, std::span<float> out) override;
+  void Write(int i, std::span<const float> in) override;
+
+ private:
+  Context& ctx_;
+  size_t slot_elems_;
+  std::vector<DeviceBuffer<float>> slots_;
+  std::unique_ptr<CudaStagingCopier> copier_;
+  std::unique_ptr<collective::StagedAllReduce> staged_;
+  std::vector<std::optional<train::SlotSummary>> summaries_;
+  PinnedBuffer<float> losses_;  // SetLoss's source, pinned so the copy is truly asynchronous
+  DeviceBuffer<unsigned long long> first_bad_;
+  PinnedBuffer<unsigned long long> host_first_bad_;
+};
+
+}  // namespace pipesgd::cuda
