@@ -31,7 +31,9 @@ class GroupSchedulerService {
  public:
   // Listens on bind_host (numeric IP; "0.0.0.0" = every interface) at an ephemeral port and
   // starts the service thread. `stages` scheduler states, one per pipeline stage, each with
-  // `options`. Throws Error kIo if it cannot listen, kInvalidArgument for bad options.
+  // `options` (world_size = N, the replicas of a stage). A connection is bound to the stage and
+  // rank of its first request: with pipeline stages, rank = the pipeline index within the
+  // stage, and each (stage, rank) has its own client. Throws Error kIo if it cannot listen, kInvalidArgument for bad options.
   GroupSchedulerService(const GroupSchedulerOptions& options, int stages,
                         const std::string& bind_host, const std::string& token);
   // Stops the thread and closes every connection.
