@@ -350,6 +350,44 @@ TEST(PipelineTrainer, GroupsFromTheSchedulerServiceWithOneStatePerStage) {
   }
 }
 
+// A pipeline job ends by step count, not by a stop round: a request marked last lets its rank
+// close afterwards without failing the job; without the mark, closing early is a failure that
+// names the rank.
+std::string SchedulerErrorAfterRank1Leaves(bool mark_last) {
+  auto results = RunRanks(2, [&](const RankContext& ctx) -> std::string {
+    auto comm = Connect(ctx);
+    GroupSchedulerOptions so;
+    so.world_size = 2;
+    so.period = 1;
+    std::unique_ptr<GroupSchedulerService> service;
+    std::vector<float> port = {0};
+    if (ctx.rank == 0) {
+      service = std::make_unique<GroupSchedulerService>(so, 2, "127.0.0.1", "");
+      port[0] = service->port();
+    }
+    comm->AllReduce(port, collective::ReduceOp::kSum, {0, 1}, Deadline::After(30));
+    auto client = std::make_unique<GroupSchedulerClient>(
+        "127.0.0.1", static_cast<uint16_t>(port[0]), ctx.rank, 2, "", Deadline::After(30));
+    for (int step = 1; step <= 3; ++step) {
+      // Stage 1's state, to check the per-stage binding too.
+      client->Request(1, step, Deadline::After(30), mark_last && step == 3);
+    }
+    if (ctx.rank == 1) return "";  // closes its connection
+    // Rank 0 keeps its connection open: only rank 1's close can be reported.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return "error: " + service->error();
+  });
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].error;
+  EXPECT_EQ(results[1].exit_code, 0) << results[1].error;
+  return results[0].output;
+}
+
+TEST(PipelineTrainer, ALastRequestLetsARankCloseWithoutFailingTheJob) {
+  EXPECT_EQ(SchedulerErrorAfterRank1Leaves(true), "error: ");
+  const std::string e = SchedulerErrorAfterRank1Leaves(false);
+  EXPECT_NE(e.find("rank 1 disconnected from the group scheduler"), std::string::npos) << e;
+}
+
 // The data-parallel objective the SdpipeTrainer sees: the unsplit model on what the pipeline's
 // source gives pipeline `rank`, with the same random keys.
 class Unsplit : public Objective {

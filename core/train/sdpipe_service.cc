@@ -43,6 +43,7 @@ struct GroupSchedulerService::Impl {
     int64_t last_step = 0;
     bool waiting = false;   // a request is in a round and has no answer yet
     bool finished = false;  // got the last round's answer: closing is expected
+    bool last_request = false;  // the waiting request is the rank's last (GroupRequest.last)
     bool closed = false;
     sdpipe::GroupRequest request;
   };
@@ -209,6 +210,7 @@ struct GroupSchedulerService::Impl {
       return;
     }
     conn->last_step = req.step();
+    conn->last_request = req.last();
     conn->waiting = true;
     Read(conn);
     DecideAll();
@@ -233,7 +235,7 @@ struct GroupSchedulerService::Impl {
         for (int m : d->members) {
           auto& conn = by_rank[s][m];
           conn->waiting = false;
-          conn->finished = d->stop;
+          conn->finished = d->stop || conn->last_request;
           Send(conn, reply, false);
         }
       }
@@ -347,7 +349,8 @@ GroupSchedulerClient::GroupSchedulerClient(const std::string& host, uint16_t por
 
 GroupSchedulerClient::~GroupSchedulerClient() = default;
 
-GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline deadline) {
+GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline deadline,
+                                            bool last) {
   Impl& c = *impl_;
   if (c.failed) Throw(ErrorCode::kAborted, "rank {}: {}", c.rank, c.failure);
   sdpipe::GroupRequest request;
@@ -357,6 +360,7 @@ GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline de
   request.set_stage(stage);
   request.set_step(step);
   request.set_token(c.token);
+  request.set_last(last);
   const double budget_s = deadline.remaining_s();
   sdpipe::GroupReply reply;
   std::exception_ptr write_error, read_error;

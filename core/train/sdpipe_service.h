@@ -67,7 +67,9 @@ class GroupSchedulerClient {
   // Reports local step `step` (1, 2, ...) done and waits for this rank's group. Throws Error:
   // kAborted with the scheduler's error (the job failed: names the rank at fault),
   // kUnavailable if the scheduler went away, kDeadlineExceeded ("waited N s for the group").
-  GroupDecision Request(int stage, int64_t step, Deadline deadline);
+  // `last`: this rank sends no more requests; closing after the answer does not fail the job
+  // (a pipeline job's ranks end by step count rather than by the scheduler's stop round).
+  GroupDecision Request(int stage, int64_t step, Deadline deadline, bool last = false);
 
  private:
   struct Impl;
