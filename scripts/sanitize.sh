@@ -13,7 +13,7 @@ opt=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG")
 export OPENBLAS_NUM_THREADS=1
 if [[ "$WHICH" == asan || "$WHICH" == all ]]; then
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPIPESGD_SANITIZE=address,undefined "${opt[@]}" >/dev/null
+    -DPIPESGD_SANITIZE=address,undefined -DPIPESGD_BUILD_BENCH=OFF "${opt[@]}" >/dev/null
   cmake --build build-asan --parallel "$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -LE cluster --output-on-failure -j "$jobs" \
@@ -28,9 +28,9 @@ if [[ "$WHICH" == tsan || "$WHICH" == all ]]; then
   # build too, which runs each test binary to list its tests (seen crashing there once).
   UCX_MEM_MMAP_HOOK_MODE=none cmake --build build-tsan --parallel "$jobs" --target trainer_test \
     ring_allreduce_test ring_compression_test failure_test transport_conformance_test \
-    ps_trainer_test timeline_test staged_allreduce_test sdpipe_test device_slots_test \
+    ps_trainer_test timeline_test staged_allreduce_test sdpipe_test device_slots_test api_test \
     pipeline_p2p_test pipeline_trainer_test
   UCX_MEM_MMAP_HOOK_MODE=none TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-    -R "StaleRecurrence|Divergence|DataParallel|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall|Conformance|PsSync|PsAsync|TimelineTraining|StagedAllReduce|SdpipeService|GroupAveraging|SdpipeTrainer|DeviceSlots|PipelineP2p|PipelineTrainer"
+    -R "StaleRecurrence|Divergence|DataParallel|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall|Conformance|PsSync|PsAsync|TimelineTraining|StagedAllReduce|SdpipeService|GroupAveraging|SdpipeTrainer|DeviceSlots|ApiTrainer|PipelineP2p|PipelineTrainer"
 fi

@@ -20,7 +20,10 @@ CudaDeviceGradients::CudaDeviceGradients(Context& ctx, collective::Communicator&
       host_first_bad_(1, ctx.device()) {
   PSGD_CHECK_GE(slots, 1);
   PSGD_CHECK_GE(slot_elems, 1u);
-  for (int i = 0; i < slots; ++i) slots_.emplace_back(slot_elems, ctx.device());
+  for (int i = 0; i < slots; ++i) {
+    slots_.emplace_back(slot_elems, ctx.device());
+    ready_.push_back(std::make_unique<Event>(ctx.device()));
+  }
   const size_t segment =
       std::clamp<size_t>(staging.segment_bytes / sizeof(float), 1, slot_elems);
   copier_ = std::make_unique<CudaStagingCopier>(ctx, staging.lanes, segment);
@@ -37,6 +40,7 @@ void CudaDeviceGradients::AllReduce(int i, collective::ReduceOp op, Deadline dea
   PSGD_CUDA(cudaSetDevice(device));
   summaries_[i].reset();
   train::SlotSummaryBuilder summary(slot_elems_);
+  copier_->UseReadyEvent(ready_[i].get());
   staged_->AllReduce(slot(i), slot_elems_, op, deadline, abort, call,
                      [&summary](size_t offset, std::span<const float> values) {
                        summary.Add(offset, values);
@@ -50,6 +54,7 @@ void CudaDeviceGradients::SetLoss(int i, float loss) {
   losses_.data()[i] = loss;
   PSGD_CUDA(cudaMemcpyAsync(slot(i) + slot_elems_ - 1, losses_.data() + i, sizeof(float),
                             cudaMemcpyHostToDevice, ctx_.stream()));
+  ready_[i]->Record(ctx_.stream());
 }
 
 train::SlotSummary CudaDeviceGradients::Summary(int i) {

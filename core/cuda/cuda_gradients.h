@@ -51,6 +51,10 @@ class CudaDeviceGradients final : public train::DeviceGradients {
   std::unique_ptr<collective::StagedAllReduce> staged_;
   std::vector<std::optional<train::SlotSummary>> summaries_;
   PinnedBuffer<float> losses_;  // SetLoss's source, pinned so the copy is truly asynchronous
+  // Per slot, recorded on the compute stream by SetLoss: the slot's gradient and loss are
+  // complete. The staging copies wait for it rather than for the whole compute stream, which by
+  // then may hold the next step's forward and backward (Pipe-SGD overlaps exactly those).
+  std::vector<std::unique_ptr<Event>> ready_;
   DeviceBuffer<unsigned long long> first_bad_;
   PinnedBuffer<unsigned long long> host_first_bad_;
 };

@@ -27,10 +27,17 @@ CudaStagingCopier::~CudaStagingCopier() {
 
 void CudaStagingCopier::Begin() {
   const int device = ctx_.device();
-  ready_.Record(ctx_.stream());
-  PSGD_CUDA(cudaStreamWaitEvent(d2h_.get(), ready_.get(), 0));
+  cudaEvent_t ready = nullptr;
+  if (producer_ready_ != nullptr) {
+    ready = producer_ready_->get();
+    producer_ready_ = nullptr;
+  } else {
+    ready_.Record(ctx_.stream());
+    ready = ready_.get();
+  }
+  PSGD_CUDA(cudaStreamWaitEvent(d2h_.get(), ready, 0));
   // A host-to-device copy must not overwrite data the compute stream still reads either.
-  PSGD_CUDA(cudaStreamWaitEvent(h2d_.get(), ready_.get(), 0));
+  PSGD_CUDA(cudaStreamWaitEvent(h2d_.get(), ready, 0));
 }
 
 void CudaStagingCopier::ToHost(int lane, const float* device_data, size_t n) {

@@ -26,6 +26,10 @@ class CudaStagingCopier final : public collective::StagingCopier {
   int lanes() const override { return static_cast<int>(lanes_.size()); }
   size_t segment_elems() const override { return segment_elems_; }
   float* host(int lane) override { return lanes_[lane].data(); }
+  // Begin() makes the copies wait for `ready` (recorded by the producer when the data was
+  // complete) instead of everything queued on the compute stream so far, which may already hold
+  // the next step's work. For the next Begin() only; the event must outlive it.
+  void UseReadyEvent(const Event* ready) { producer_ready_ = ready; }
   void Begin() override;
   void ToHost(int lane, const float* device, size_t n) override;
   void WaitToHost(int lane) override;
@@ -38,6 +42,7 @@ class CudaStagingCopier final : public collective::StagingCopier {
   std::vector<PinnedBuffer<float>> lanes_;
   Stream d2h_, h2d_;
   Event ready_;  // recorded on the compute stream by Begin()
+  const Event* producer_ready_ = nullptr;
   std::vector<std::unique_ptr<Event>> to_host_done_, to_device_done_;
   std::vector<bool> to_device_recorded_;
 };

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <random>
 #include <thread>
 
 namespace pipesgd::testing {
@@ -27,7 +28,32 @@ void WriteAll(int fd, const std::string& data) {
 
 }  // namespace
 
+// True if a TCP socket can bind 127.0.0.1:port right now.
+static bool CanBind(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// A port below the kernel's ephemeral range (ip_local_port_range, usually 32768-60999), free
+// now. A port taken from the ephemeral range (bind to port 0) can be handed to another test's
+// outgoing connection before rank 0 binds it: "Address already in use" flakes under ctest -j.
+// Below the range only explicit binds compete, and the choice is random per process.
 uint16_t FreePort() {
+  static std::mt19937 rng(static_cast<uint32_t>(getpid()) ^
+                          static_cast<uint32_t>(
+                              std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::uniform_int_distribution<int> pick(20000, 32000);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const auto port = static_cast<uint16_t>(pick(rng));
+    if (CanBind(port)) return port;
+  }
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;

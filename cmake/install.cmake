@@ -1,0 +1,86 @@
+# `cmake --install build --prefix P` installs:
+#   P/include/pipesgd/pipesgd.h                 the embedding API (README, "Use it as a library")
+#   P/include/pipesgd/{core,transport,layers}/  the headers it and the libraries use
+#   P/lib/libpipesgd_*.a                        static libraries, one per folder (not the CUDA
+#                                               backend's pipesgd_layers_cuda/pipesgd_core_cuda:
+#                                               no exported target links them)
+#   P/lib/cmake/pipesgd/                        find_package(pipesgd): pipesgd::pipesgd,
+#       pipesgd::base, ::transport, ::collective, ::train, ::data, ::layers, ::core
+#   P/lib/pkgconfig/pipesgd.pc                  pkg-config --cflags --libs pipesgd
+#   P/bin/pipesgd                               the launcher (PIPESGD_BUILD_LAUNCHER)
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(_psgd_targets pipesgd_base pipesgd_transport pipesgd_collective pipesgd_train pipesgd_data
+    pipesgd_core pipesgd_api)
+if(PIPESGD_BUILD_LAYERS)
+  list(APPEND _psgd_targets pipesgd_layers)
+endif()
+foreach(t IN LISTS _psgd_targets)
+  string(REPLACE "pipesgd_" "" _name ${t})
+  set_target_properties(${t} PROPERTIES EXPORT_NAME ${_name})
+endforeach()
+set_target_properties(pipesgd_api PROPERTIES EXPORT_NAME pipesgd)
+
+install(TARGETS ${_psgd_targets} EXPORT pipesgdTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pipesgd ${CMAKE_INSTALL_INCLUDEDIR})
+if(PIPESGD_BUILD_LAUNCHER)
+  install(TARGETS pipesgd RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+
+set(_psgd_inc ${CMAKE_INSTALL_INCLUDEDIR}/pipesgd)
+install(FILES ${PIPESGD_ROOT}/include/pipesgd/pipesgd.h DESTINATION ${_psgd_inc})
+foreach(dir core/base core/collective core/train core/data transport)
+  install(DIRECTORY ${PIPESGD_ROOT}/${dir}/ DESTINATION ${_psgd_inc}/${dir}
+          FILES_MATCHING PATTERN "*.h")
+endforeach()
+if(PIPESGD_BUILD_LAYERS)
+  # layers/cuda (pipesgd_layers_cuda) is not exported: its headers stay out too.
+  install(DIRECTORY ${PIPESGD_ROOT}/layers/ DESTINATION ${_psgd_inc}/layers
+          FILES_MATCHING PATTERN "*.h" PATTERN "cuda" EXCLUDE)
+endif()
+# Generated protobuf headers that installed headers include.
+install(FILES ${CMAKE_BINARY_DIR}/transport/wire.pb.h DESTINATION ${_psgd_inc}/transport)
+install(FILES ${CMAKE_BINARY_DIR}/core/checkpoint.pb.h DESTINATION ${_psgd_inc}/core)
+
+# What the static libraries need from the consumer's link line, for the package config and .pc.
+get_target_property(_psgd_tdefs pipesgd_transport INTERFACE_COMPILE_DEFINITIONS)
+set(PIPESGD_HAVE_UCX OFF)
+set(PIPESGD_HAVE_IBVERBS OFF)
+set(_pc_extra "")
+if("PIPESGD_HAVE_UCX=1" IN_LIST _psgd_tdefs)
+  set(PIPESGD_HAVE_UCX ON)
+  string(APPEND _pc_extra " -lucp -luct -lucs")
+endif()
+if("PIPESGD_HAVE_IBVERBS=1" IN_LIST _psgd_tdefs)
+  set(PIPESGD_HAVE_IBVERBS ON)
+  string(APPEND _pc_extra " -libverbs")
+  foreach(l IN LISTS CMAKE_DL_LIBS)
+    string(APPEND _pc_extra " -l${l}")
+  endforeach()
+endif()
+set(_pc_libs "-lpipesgd_api -lpipesgd_core -lpipesgd_train -lpipesgd_data -lpipesgd_collective")
+if(PIPESGD_BUILD_LAYERS)
+  string(APPEND _pc_libs " -lpipesgd_layers")
+  foreach(l IN LISTS BLAS_LIBRARIES)
+    string(APPEND _pc_extra " ${l}")
+  endforeach()
+endif()
+string(APPEND _pc_libs " -lpipesgd_transport -lpipesgd_base")
+set(PIPESGD_PC_LIBS "${_pc_libs}${_pc_extra}")
+# Relocatable .pc: the prefix is found from the file's own directory (lib/pkgconfig -> ../..).
+string(REGEX REPLACE "[^/]+" ".." PIPESGD_PC_UP "${CMAKE_INSTALL_LIBDIR}/pkgconfig")
+configure_file(${PIPESGD_ROOT}/cmake/pipesgd.pc.in ${CMAKE_BINARY_DIR}/pipesgd.pc @ONLY)
+install(FILES ${CMAKE_BINARY_DIR}/pipesgd.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+install(EXPORT pipesgdTargets NAMESPACE pipesgd::
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pipesgd)
+configure_package_config_file(${PIPESGD_ROOT}/cmake/pipesgdConfig.cmake.in
+  ${CMAKE_BINARY_DIR}/pipesgdConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pipesgd)
+write_basic_package_version_file(${CMAKE_BINARY_DIR}/pipesgdConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_BINARY_DIR}/pipesgdConfig.cmake ${CMAKE_BINARY_DIR}/pipesgdConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pipesgd)
