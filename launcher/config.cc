@@ -617,6 +617,9 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<config::Sdpipe>(config::Sdpipe::kWindowGrowFieldNumber), RealRange{1, true, std::nullopt}},
       {Field<config::Sdpipe>(config::Sdpipe::kWindowShrinkFieldNumber), RealRange{0, false, std::nullopt}},
       {Field<config::Sdpipe>(config::Sdpipe::kMinGroupFieldNumber), IntRange{1, std::nullopt}},
+      {Field<config::Pipeline>(config::Pipeline::kStagesFieldNumber), IntRange{1, 64}},
+      {Field<config::Pipeline>(config::Pipeline::kBoundariesFieldNumber), IntRange{1, std::nullopt}},
+      {Field<config::Pipeline>(config::Pipeline::kMicroBatchesFieldNumber), IntRange{1, 1024}},
       {Field<config::Straggler>(config::Straggler::kRanksFieldNumber), IntRange{0, std::nullopt}},
       {Field<config::Straggler>(config::Straggler::kSleepSFieldNumber), RealRange{0, true, 60.0}},
       {Field<config::Straggler>(config::Straggler::kProbabilityFieldNumber), RealRange{0, true, std::nullopt}},
@@ -653,6 +656,7 @@ class Validator {
   void Run(const config::Job& job) {
     std::vector<Step> steps;
     Visit(job, &steps);
+    CheckPipeline(job);
     if (!errors_.empty()) {
       Throw(ErrorCode::kInvalidArgument, "{}", fmt::join(errors_, "\n"));
     }
@@ -869,6 +873,52 @@ class Validator {
         Report(*steps, e.what());
       }
       steps->pop_back();
+    }
+  }
+
+  // The pipeline's fields against the model, the batch and the mode (each alone is checked by
+  // its rule). The world size is checked when the job starts (it must be a multiple of stages).
+  void CheckPipeline(const config::Job& job) {
+    if (!job.has_pipeline()) return;
+    const config::Pipeline& pl = job.pipeline();
+    std::vector<Step> steps{{Field<config::Job>(config::Job::kPipelineFieldNumber), -1}};
+    auto report = [&](int number, int index, std::string what) {
+      steps.push_back({Field<config::Pipeline>(number), index});
+      Report(steps, fmt::format("{} {}", PathString(steps), what));
+      steps.pop_back();
+    };
+    const int layers = job.model().layers_size();
+    if (pl.stages() > 1 && job.train().mode() != config::SDPIPE) {
+      report(config::Pipeline::kStagesFieldNumber, -1,
+             fmt::format("= {}: pipeline stages need train.mode: SDPIPE (train.mode is {})",
+                         pl.stages(), config::TrainMode_Name(job.train().mode())));
+    }
+    if (pl.stages() > layers && layers > 0) {
+      report(config::Pipeline::kStagesFieldNumber, -1,
+             fmt::format("= {}: expected at most the model's {} layers (each stage needs one)",
+                         pl.stages(), layers));
+    }
+    if (pl.boundaries_size() > 0 && pl.boundaries_size() != pl.stages() - 1) {
+      report(config::Pipeline::kBoundariesFieldNumber, -1,
+             fmt::format("has {} values: expected stages - 1 = {} (or none: balanced by "
+                         "parameter count)",
+                         pl.boundaries_size(), pl.stages() - 1));
+    } else {
+      for (int i = 0; i < pl.boundaries_size(); ++i) {
+        const int b = pl.boundaries(i);
+        const int lo = i == 0 ? 1 : pl.boundaries(i - 1) + 1;
+        if (b < lo || b >= layers) {
+          report(config::Pipeline::kBoundariesFieldNumber, i,
+                 fmt::format("= {}: expected a layer index in [{}, {}) (strictly ascending; the "
+                             "model has {} layers)",
+                             b, lo, layers, layers));
+        }
+      }
+    }
+    if (pl.micro_batches() >= 1 && job.train().batch_size() % pl.micro_batches() != 0) {
+      report(config::Pipeline::kMicroBatchesFieldNumber, -1,
+             fmt::format("= {}: train.batch_size = {} must be a multiple of it",
+                         pl.micro_batches(), job.train().batch_size()));
     }
   }
 

@@ -35,6 +35,7 @@
 #endif
 #include "launcher/config.h"
 #include "launcher/model_builder.h"
+#include "launcher/pipeline_worker.h"
 #include "launcher/sdpipe_worker.h"
 #include "launcher/worker_detail.h"
 #include "layers/model.h"
@@ -397,7 +398,11 @@ void RunWorker(const WorkerArgs& args) {
   const auto& comm_cfg = job.comm();
   const int width = train_cfg.pipeline_width();
   if (train_cfg.mode() == config::SDPIPE) {
-    RunSdpipeWorker(args, env, job, start);
+    if (job.pipeline().stages() > 1) {
+      RunPipelineWorker(args, env, job, start);  // pipeline-parallel stages
+    } else {
+      RunSdpipeWorker(args, env, job, start);
+    }
     return;
   }
   if (train_cfg.mode() != config::RING) {

@@ -594,7 +594,7 @@ TEST_F(ConfigTest, OverrideWithUnknownFieldListsTheFields) {
                "pipeline_width, max_steps, progress_per_epoch, mode)");
   EXPECT_STREQ(LoadError(kShipped, {"trian.epochs=1"}).what(),
                "--set trian.epochs=1: no field 'trian' in pipesgd.config.Job "
-               "(fields: model, data, train, comm, checkpoint, sdpipe, straggler)");
+               "(fields: model, data, train, comm, checkpoint, sdpipe, straggler, pipeline)");
 }
 
 TEST_F(ConfigTest, OverrideOutOfRangeNamesTheOverride) {

@@ -58,6 +58,25 @@ void GroupCommunicator::EnsureConnected(const std::vector<int>& peers, Deadline 
   }
 }
 
+void GroupCommunicator::ConnectPeers(const std::vector<int>& peers, Deadline deadline) {
+  for (int peer : peers) {
+    if (peer < 0 || peer >= world_size_ || peer == rank_) {
+      Throw(ErrorCode::kInvalidArgument,
+            "rank {}: cannot connect to rank {} (expected another rank in [0, {}))", rank_, peer,
+            world_size_);
+    }
+  }
+  EnsureConnected(peers, deadline);
+}
+
+transport::Connection& GroupCommunicator::connection(int peer) {
+  auto it = connections_.find(peer);
+  if (it == connections_.end() || it->second.empty()) {
+    Throw(ErrorCode::kInvalidArgument, "rank {}: no connection to rank {}", rank_, peer);
+  }
+  return *it->second.front();
+}
+
 void GroupCommunicator::AllReduce(std::span<float> data, ReduceOp op,
                                   const std::vector<int>& group, Deadline deadline,
                                   const std::atomic<bool>* abort, const AllReduceOptions& call) {

@@ -49,6 +49,19 @@ class GroupCommunicator {
                  Deadline deadline, const std::atomic<bool>* abort = nullptr,
                  const AllReduceOptions& call = {});
 
+  // Connects now, in one Transport::Connect call, to every rank in `peers` that has no
+  // connection yet. A caller that needs connections to several kinds of peers (the pipeline's
+  // neighbour stages and the stage's replicas) makes them all at once this way: ranks that
+  // connect to different peer sets at different times could otherwise dial a peer that is busy
+  // accepting someone else. Every listed peer must call it, listing this rank, at about the same
+  // time. Throws Error kInvalidArgument for a peer outside [0, world_size) or this rank, and what
+  // Transport::Connect throws.
+  void ConnectPeers(const std::vector<int>& peers, Deadline deadline);
+  // Stream 0 of the connection to `peer` (made by ConnectPeers or a ring). A caller may send its
+  // own messages on the connection to a peer that is never in a group with this rank (the
+  // pipeline's stage links); Error(kInvalidArgument) if there is no connection to `peer`.
+  transport::Connection& connection(int peer);
+
   // The ranks this rank has a connection to (made on first use), ascending.
   std::vector<int> connected_peers() const;
   // Distinct groups this rank has reduced in so far (cached rings).

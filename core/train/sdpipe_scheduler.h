@@ -5,7 +5,7 @@
 // This class is the decision logic only: pure, single-threaded, with the clock injected (every
 // call takes `now` in seconds on any monotonic clock), so tests script arrival times exactly.
 // core/train/sdpipe_service.h puts it behind a socket in rank 0; one GroupScheduler per pipeline
-// stage (the paper keeps one scheduler state per stage; this project has one stage today).
+// stage (the paper keeps one scheduler state per stage; core/train/pipeline_trainer.h).
 //
 // A round collects the ranks that report ready (Arrive) and closes (Decide) into one group, the
 // sorted list of the ready ranks, which every member gets. Three kinds of round:

@@ -43,6 +43,7 @@ struct GroupSchedulerService::Impl {
     int64_t last_step = 0;
     bool waiting = false;   // a request is in a round and has no answer yet
     bool finished = false;  // got the last round's answer: closing is expected
+    bool last_request = false;  // the waiting request is the rank's last (GroupRequest.last)
     bool closed = false;
     sdpipe::GroupRequest request;
   };
@@ -50,7 +51,7 @@ struct GroupSchedulerService::Impl {
   Impl(const GroupSchedulerOptions& o, int num_stages, std::string t)
       : options(o), token(std::move(t)), start(std::chrono::steady_clock::now()) {
     for (int s = 0; s < num_stages; ++s) stages.emplace_back(o);
-    by_rank.resize(o.world_size);
+    by_rank.assign(num_stages, std::vector<std::shared_ptr<Conn>>(o.world_size));
     decisions.resize(num_stages);
   }
 
@@ -157,9 +158,12 @@ struct GroupSchedulerService::Impl {
         bad = fmt::format("world size {} (the job has {})", req.world_size(), n);
       } else if (req.rank() < 0 || req.rank() >= n) {
         bad = fmt::format("rank {} (expected a rank in [0, {}))", req.rank(), n);
-      } else if (by_rank[req.rank()]) {
-        bad = fmt::format("rank {} connected a second time (from {}; first from {})", req.rank(),
-                          conn->name, by_rank[req.rank()]->name);
+      } else if (req.stage() < 0 || req.stage() >= static_cast<int>(stages.size())) {
+        bad = fmt::format("stage {} (expected a stage in [0, {}))", req.stage(), stages.size());
+      } else if (by_rank[req.stage()][req.rank()]) {
+        bad = fmt::format("rank {} of stage {} connected a second time (from {}; first from {})",
+                          req.rank(), req.stage(), conn->name,
+                          by_rank[req.stage()][req.rank()]->name);
       }
       if (!bad.empty()) {
         sdpipe::GroupReply reply;
@@ -168,9 +172,14 @@ struct GroupSchedulerService::Impl {
         Send(conn, reply, true);
         return;
       }
+      // A connection belongs to one (stage, rank): with pipeline stages, the replicas of each
+      // stage are ranks 0..N-1 of that stage's scheduler, each on its own connection.
       conn->rank = req.rank();
-      conn->name = fmt::format("rank {} ({})", req.rank(), conn->name);
-      by_rank[req.rank()] = conn;
+      conn->stage = req.stage();
+      conn->name = stages.size() > 1
+                       ? fmt::format("rank {} of stage {} ({})", req.rank(), req.stage(), conn->name)
+                       : fmt::format("rank {} ({})", req.rank(), conn->name);
+      by_rank[req.stage()][req.rank()] = conn;
     }
     if (!error_copy().empty()) {
       sdpipe::GroupReply reply;
@@ -181,8 +190,8 @@ struct GroupSchedulerService::Impl {
     std::string bad;
     if (req.rank() != conn->rank) {
       bad = fmt::format("rank {} on the connection of rank {}", req.rank(), conn->rank);
-    } else if (req.stage() < 0 || req.stage() >= static_cast<int>(stages.size())) {
-      bad = fmt::format("stage {} (expected a stage in [0, {}))", req.stage(), stages.size());
+    } else if (req.stage() != conn->stage) {
+      bad = fmt::format("stage {} on the connection of stage {}", req.stage(), conn->stage);
     } else if (req.step() <= conn->last_step) {
       bad = fmt::format("step {} after step {} (steps must advance)", req.step(), conn->last_step);
     }
@@ -200,8 +209,8 @@ struct GroupSchedulerService::Impl {
       Send(conn, reply, true);
       return;
     }
-    conn->stage = req.stage();
     conn->last_step = req.step();
+    conn->last_request = req.last();
     conn->waiting = true;
     Read(conn);
     DecideAll();
@@ -224,9 +233,9 @@ struct GroupSchedulerService::Impl {
         sdpipe::GroupReply reply;
         FillReply(*d, sched.window_s(), &reply);
         for (int m : d->members) {
-          auto& conn = by_rank[m];
+          auto& conn = by_rank[s][m];
           conn->waiting = false;
-          conn->finished = d->stop;
+          conn->finished = d->stop || conn->last_request;
           Send(conn, reply, false);
         }
       }
@@ -250,7 +259,7 @@ struct GroupSchedulerService::Impl {
   std::string token;
   std::chrono::steady_clock::time_point start;
   std::vector<GroupScheduler> stages;
-  std::vector<std::shared_ptr<Conn>> by_rank;
+  std::vector<std::vector<std::shared_ptr<Conn>>> by_rank;  // [stage][rank]
   std::vector<std::shared_ptr<Conn>> conns;
   mutable std::mutex mu;  // decisions and error: read by other threads
   std::vector<std::vector<GroupDecision>> decisions;
@@ -340,7 +349,8 @@ GroupSchedulerClient::GroupSchedulerClient(const std::string& host, uint16_t por
 
 GroupSchedulerClient::~GroupSchedulerClient() = default;
 
-GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline deadline) {
+GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline deadline,
+                                            bool last) {
   Impl& c = *impl_;
   if (c.failed) Throw(ErrorCode::kAborted, "rank {}: {}", c.rank, c.failure);
   sdpipe::GroupRequest request;
@@ -350,6 +360,7 @@ GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline de
   request.set_stage(stage);
   request.set_step(step);
   request.set_token(c.token);
+  request.set_last(last);
   const double budget_s = deadline.remaining_s();
   sdpipe::GroupReply reply;
   std::exception_ptr write_error, read_error;

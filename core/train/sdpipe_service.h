@@ -31,7 +31,9 @@ class GroupSchedulerService {
  public:
   // Listens on bind_host (numeric IP; "0.0.0.0" = every interface) at an ephemeral port and
   // starts the service thread. `stages` scheduler states, one per pipeline stage, each with
-  // `options`. Throws Error kIo if it cannot listen, kInvalidArgument for bad options.
+  // `options` (world_size = N, the replicas of a stage). A connection is bound to the stage and
+  // rank of its first request: with pipeline stages, rank = the pipeline index within the
+  // stage, and each (stage, rank) has its own client. Throws Error kIo if it cannot listen, kInvalidArgument for bad options.
   GroupSchedulerService(const GroupSchedulerOptions& options, int stages,
                         const std::string& bind_host, const std::string& token);
   // Stops the thread and closes every connection.
@@ -65,7 +67,9 @@ class GroupSchedulerClient {
   // Reports local step `step` (1, 2, ...) done and waits for this rank's group. Throws Error:
   // kAborted with the scheduler's error (the job failed: names the rank at fault),
   // kUnavailable if the scheduler went away, kDeadlineExceeded ("waited N s for the group").
-  GroupDecision Request(int stage, int64_t step, Deadline deadline);
+  // `last`: this rank sends no more requests; closing after the answer does not fail the job
+  // (a pipeline job's ranks end by step count rather than by the scheduler's stop round).
+  GroupDecision Request(int stage, int64_t step, Deadline deadline, bool last = false);
 
  private:
   struct Impl;

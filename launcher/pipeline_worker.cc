@@ -1,0 +1,402 @@
+// The pipeline-parallel SDPipe job: M stages x N pipelines (rank = pipeline * M + stage).
+//
+// Full synchronizations are fixed by step count: at every P-th step (sdpipe.period), at the last
+// step of each epoch and at the job's last step, each stage averages over ALL its replicas
+// without asking the scheduler; the other steps take the scheduler's windowed (normal) rounds.
+// Every rank knows these steps, so every stage of every pipeline synchronizes and evaluates at
+// the same step. The scheduler's own connect rounds and barriers are not used here: they wait
+// for arrivals, and a replica that has moved on to a full synchronization (waiting for this
+// rank) would never arrive, while barriers counted in worker-updates could fall on different
+// steps in different stages and leave a stage waiting for its neighbour. A full average every P
+// steps is a stronger form of the connectivity the connect rounds guarantee (every P rounds the
+// groups connect all replicas). The last request says so, and each rank then closes its
+// scheduler connection without failing the job.
+#include "launcher/pipeline_worker.h"
+
+#include <limits>
+#include <map>
+#include <numeric>
+
+#include "core/base/error.h"
+#include "core/base/log.h"
+#include "core/collective/group_allreduce.h"
+#include "core/data/dataset.h"
+#include "core/train/classifier_task.h"
+#include "core/train/pipeline_trainer.h"
+#include "core/train/sdpipe_service.h"
+#include "launcher/config.h"
+#include "launcher/model_builder.h"
+#include "launcher/worker_detail.h"
+
+namespace pipesgd::launcher {
+namespace {
+
+using namespace detail;
+
+// The same communicator options as the data-parallel SDPIPE worker (launcher/sdpipe_worker.cc).
+collective::CommunicatorOptions CommOptions(const config::Job& job) {
+  const auto& comm_cfg = job.comm();
+  collective::CommunicatorOptions o;
+  o.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
+  o.streams = comm_cfg.streams();
+  o.codec.kind = static_cast<CodecKind>(comm_cfg.compression());
+  o.codec.round_to_nearest_even = comm_cfg.round_to_nearest_even();
+  o.codec.stochastic_rounding = comm_cfg.stochastic_rounding();
+  o.codec.seed = job.train().seed();
+  o.compression_min_bytes = static_cast<uint64_t>(comm_cfg.min_bytes());
+  o.error_feedback = comm_cfg.error_feedback();
+  return o;
+}
+
+// Pipeline p's share of global batch t (data::Sampler with rank p of N pipelines), cut into
+// micro-batches of `rows` consecutive samples. The first and the last stage of a pipeline build
+// the same sampler, so they see the same samples.
+class DatasetMicroBatches : public train::MicroBatchSource {
+ public:
+  DatasetMicroBatches(const data::Dataset& train, size_t batch, size_t rows, int pipeline,
+                      int pipelines, uint64_t seed, const data::InputScaling& scaling)
+      : train_(train),
+        rows_(rows),
+        scaling_(scaling),
+        sampler_(train.count, batch, pipeline, pipelines, seed),
+        x_(rows * train.features),
+        labels_(rows) {}
+  size_t steps_per_epoch() const { return sampler_.steps_per_epoch(); }
+  void Load(int64_t step, int, int mb, float* x, uint8_t* labels) override {
+    const auto per_epoch = static_cast<int64_t>(sampler_.steps_per_epoch());
+    const auto indices = sampler_.Batch(static_cast<int>(step / per_epoch),
+                                        static_cast<size_t>(step % per_epoch));
+    const auto part = indices.subspan(static_cast<size_t>(mb) * rows_, rows_);
+    data::GatherBatch(train_, part, x != nullptr ? x : x_.data(),
+                      labels != nullptr ? labels : labels_.data(), scaling_);
+  }
+
+ private:
+  const data::Dataset& train_;
+  size_t rows_;
+  data::InputScaling scaling_;
+  data::Sampler sampler_;
+  std::vector<float> x_;
+  std::vector<uint8_t> labels_;
+};
+
+// Groups from this stage's scheduler state (normal rounds only); all replicas at the steps
+// FullSync names (see the top of this file).
+class StageGroups : public train::GroupSource {
+ public:
+  StageGroups(train::GroupSchedulerClient& client, int stage, int pipelines, int period,
+              int64_t steps_per_epoch, int64_t total_steps, double timeout_s)
+      : client_(client),
+        stage_(stage),
+        all_(pipelines),
+        period_(period),
+        steps_per_epoch_(steps_per_epoch),
+        total_steps_(total_steps),
+        timeout_s_(timeout_s) {
+    std::iota(all_.begin(), all_.end(), 0);
+    last_request_ = total_steps;
+    while (last_request_ > 0 && FullSync(last_request_)) --last_request_;
+  }
+  // Steps (1, 2, ...) that average over every replica.
+  bool FullSync(int64_t step) const {
+    return step % period_ == 0 || step % steps_per_epoch_ == 0 || step == total_steps_;
+  }
+  bool EpochEnd(int64_t step) const {
+    return step % steps_per_epoch_ == 0 || step == total_steps_;
+  }
+  train::GroupDecision Next(int64_t step) override {
+    if (!FullSync(step)) {
+      return client_.Request(stage_, step, Deadline::After(timeout_s_), step == last_request_);
+    }
+    train::GroupDecision d;
+    d.kind = EpochEnd(step) ? train::RoundKind::kBarrier : train::RoundKind::kConnect;
+    d.members = all_;
+    d.epoch_end = EpochEnd(step);
+    d.epoch = static_cast<int>((step + steps_per_epoch_ - 1) / steps_per_epoch_);
+    d.stop = step == total_steps_;
+    return d;
+  }
+
+ private:
+  train::GroupSchedulerClient& client_;
+  int stage_;
+  std::vector<int> all_;
+  int period_;
+  int64_t steps_per_epoch_;
+  int64_t total_steps_;
+  double timeout_s_;
+  int64_t last_request_ = 0;
+};
+
+}  // namespace
+
+void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& job,
+                       Clock::time_point start) {
+  const bool lead = env.rank == 0;
+  const auto& train_cfg = job.train();
+  const auto& comm_cfg = job.comm();
+  const auto& sd = job.sdpipe();
+  const auto& pl = job.pipeline();
+  const int M = pl.stages();
+  if (env.world_size % M != 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "pipeline.stages = {}: the world size {} is not a multiple of it (each pipeline needs "
+          "one rank per stage)",
+          M, env.world_size);
+  }
+  const int N = env.world_size / M;
+  const train::PipelineLayout layout{M, N};
+  const int stage = layout.stage_of(env.rank);
+  const int pipeline = layout.pipeline_of(env.rank);
+  if (sd.min_group() > N) {
+    Throw(ErrorCode::kInvalidArgument,
+          "sdpipe.min_group = {}: expected an integer in [1, pipelines = world size {} / "
+          "pipeline.stages {} = {}]",
+          sd.min_group(), env.world_size, M, N);
+  }
+  if (!job.checkpoint().dir().empty()) {
+    Throw(ErrorCode::kInvalidArgument,
+          "checkpoint.dir = '{}': checkpoints are not supported with train.mode: SDPIPE; leave "
+          "checkpoint.dir empty",
+          job.checkpoint().dir());
+  }
+  const int m = pl.micro_batches();
+  const size_t batch = static_cast<size_t>(train_cfg.batch_size());
+  const size_t rows = batch / static_cast<size_t>(m);  // config validation: a multiple
+
+  const int num_classes = NumClasses(job.model());
+  const auto& data_cfg = job.data();
+  data::Dataset train_set = data::LoadDataset(data_cfg.train_images(), data_cfg.train_labels(),
+                                              num_classes, data_cfg.train_limit());
+  data::Dataset test_set = data::LoadDataset(data_cfg.test_images(), data_cfg.test_labels(),
+                                             num_classes, data_cfg.test_limit());
+  data::CheckSameShape(train_set, data_cfg.train_images(), test_set, data_cfg.test_images());
+  const data::InputScaling scaling{data_cfg.input_mean(), data_cfg.input_std()};
+
+  // The full model: its initial weights (the stages take their slices, so a split run starts
+  // where the unsplit one does) and the evaluation of the assembled weights.
+  const size_t eval_batch = 500;
+  auto stack = BuildLayers(job.model());
+  CheckModelFitsInMemory(stack, std::max(eval_batch, batch), 2);
+  std::vector<size_t> layer_params;
+  for (const auto& layer : stack) layer_params.push_back(layer->num_params());
+  layers::Model full(std::move(stack), eval_batch);
+  std::vector<float> full_params(full.num_params());
+  full.Init(full_params, train_cfg.seed());
+  std::vector<size_t> boundaries(pl.boundaries().begin(), pl.boundaries().end());
+  if (boundaries.empty()) boundaries = train::BalancedBoundaries(layer_params, M);
+  train::CheckBoundaries(boundaries, layer_params.size());
+  std::vector<size_t> starts{0};
+  starts.insert(starts.end(), boundaries.begin(), boundaries.end());
+  starts.push_back(layer_params.size());
+  size_t offset = 0;
+  for (int k = 0; k < stage; ++k) {
+    for (size_t i = starts[k]; i < starts[k + 1]; ++i) offset += layer_params[i];
+  }
+  auto all_layers = BuildLayers(job.model());
+  std::vector<std::unique_ptr<layers::Layer>> part;
+  size_t stage_params = 0;
+  for (size_t i = starts[stage]; i < starts[stage + 1]; ++i) {
+    stage_params += all_layers[i]->num_params();
+    part.push_back(std::move(all_layers[i]));
+  }
+  train::PipelineStage model(std::move(part), starts[stage], stage == M - 1, rows,
+                             train::MaxInFlight(M, stage, m),
+                             std::span<const float>(full_params).subspan(offset, stage_params));
+
+  DatasetMicroBatches data(train_set, batch, rows, pipeline, N, train_cfg.seed(), scaling);
+  const auto steps_per_epoch = static_cast<int64_t>(data.steps_per_epoch());
+  if (steps_per_epoch == 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "train.batch_size = {} x {} pipelines = {} samples per step, but the training set "
+          "({}) has only {} samples",
+          batch, N, batch * N, data_cfg.train_images(), train_set.count);
+  }
+  const int64_t total_steps = train_cfg.max_steps() > 0
+                                  ? train_cfg.max_steps()
+                                  : int64_t{train_cfg.epochs()} * steps_per_epoch;
+  if (lead) {
+    PSGD_LOG_INFO("pipesgd worker: world size {}, train.mode SDPIPE with {} pipeline stages x {} "
+                  "pipelines, {} micro-batches of {} samples per step and pipeline, every "
+                  "replica averaged every {} steps (sdpipe.period), comm.transport {}",
+                  env.world_size, M, N, m, rows, sd.period(),
+                  config::Transport_Name(comm_cfg.transport()));
+    PSGD_LOG_INFO("effective config ({}): {}", args.config_path, FormatConfig(job, true));
+    PSGD_LOG_INFO("model: {}", full.Describe());
+    PSGD_LOG_INFO("data: {} training samples ({} steps per epoch of {} samples per pipeline), {} "
+                  "test samples",
+                  train_set.count, steps_per_epoch, batch, test_set.count);
+  }
+  PSGD_LOG_INFO("rank {}: stage {} of pipeline {}: {}", env.rank, stage, pipeline,
+                model.Describe());
+  std::unique_ptr<OutputDir> out;
+  if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir);
+
+  std::vector<int> peers;
+  for (int r = 0; r < env.world_size; ++r) {
+    if (r != env.rank) peers.push_back(r);
+  }
+  const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
+  const std::string start_setting =
+      fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s());
+  ConnectedTransport connected = ConnectTransport(env, JobDescription(job), comm_cfg.streams(),
+                                                  comm_cfg, peers, start_deadline, start_setting);
+  collective::GroupCommunicator comm(std::move(connected.transport), env.world_size,
+                                     std::move(connected.addresses), CommOptions(job));
+
+  // One scheduler state per stage, each over the stage's N replicas; no connect rounds, no
+  // epochs and no end of its own (see the top of this file).
+  train::GroupSchedulerOptions sopt;
+  sopt.world_size = N;
+  // Never a connect round of its own: FullSync steps replace them (see the top of this file).
+  sopt.period = std::numeric_limits<int>::max();
+  sopt.window_init_s = sd.window_init_s();
+  sopt.window_min_s = sd.window_min_s();
+  sopt.window_max_s = sd.window_max_s();
+  sopt.window_grow = sd.window_grow();
+  sopt.window_shrink = sd.window_shrink();
+  sopt.min_group = sd.min_group();
+  std::unique_ptr<train::GroupSchedulerService> service;
+  std::vector<float> port = {0.0f};
+  if (lead) {
+    service = std::make_unique<train::GroupSchedulerService>(sopt, M, "0.0.0.0", env.job_token);
+    port[0] = static_cast<float>(service->port());
+  }
+  std::vector<int> everyone(env.world_size);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  collective::AllReduceOptions exact;
+  exact.compress = false;
+  comm.AllReduce(port, collective::ReduceOp::kSum, everyone, start_deadline, nullptr, exact);
+  const std::string scheduler_host = env.world_size == 1 ? "127.0.0.1" : env.master_addr;
+  train::GroupSchedulerClient client(scheduler_host, static_cast<uint16_t>(port[0]), pipeline, N,
+                                     env.job_token, start_deadline);
+  StageGroups groups(client, stage, N, sd.period(), steps_per_epoch, total_steps,
+                     comm_cfg.timeout_s());
+
+  train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
+                           train_cfg.weight_decay()},
+                          model.num_params());
+  train::PipelineTrainerOptions topt;
+  topt.micro_batches = m;
+  topt.micro_batch_rows = rows;
+  topt.seed = train_cfg.seed();
+  topt.timeout_s = comm_cfg.timeout_s();
+  topt.compression_warmup_steps = comm_cfg.warmup_steps();
+  train::PipelineTrainer trainer(comm, layout, model, sgd, data, groups, topt);
+
+  const int epochs = static_cast<int>((total_steps + steps_per_epoch - 1) / steps_per_epoch);
+  const auto train_start = Clock::now();
+  auto epoch_start = train_start;
+  int64_t epoch_first_step = 0;
+  float final_accuracy = 0;
+  std::vector<float> assembled(full.num_params());
+  std::vector<float> x(eval_batch * test_set.features);
+  std::vector<uint8_t> labels(eval_batch);
+  while (true) {
+    const train::GroupDecision d = trainer.Step();
+    if (!d.epoch_end) continue;
+
+    // Every stage's replicas are equal now: pipeline 0's stages assemble the whole model
+    // (the others add zeros, so the sum is exact), and every rank evaluates its test shard.
+    const double train_s = Seconds(epoch_start);
+    std::fill(assembled.begin(), assembled.end(), 0.0f);
+    if (pipeline == 0) {
+      std::copy(model.params().begin(), model.params().end(), assembled.begin() + offset);
+    }
+    comm.AllReduce(assembled, collective::ReduceOp::kSum, everyone,
+                   Deadline::After(comm_cfg.timeout_s()), nullptr, exact);
+    const size_t begin = test_set.count * env.rank / env.world_size;
+    const size_t end = test_set.count * (env.rank + 1) / env.world_size;
+    layers::EvalResult local;
+    std::vector<uint32_t> indices;
+    for (size_t at = begin; at < end; at += eval_batch) {
+      const size_t n = std::min(eval_batch, end - at);
+      indices.resize(n);
+      std::iota(indices.begin(), indices.end(), static_cast<uint32_t>(at));
+      data::GatherBatch(test_set, indices, x.data(), labels.data(), scaling);
+      const layers::EvalResult r = full.Evaluate(assembled, x.data(), labels.data(), n);
+      local.loss_sum += r.loss_sum;
+      local.correct += r.correct;
+      local.count += r.count;
+    }
+    // The training loss lives in the last stages: the mean of their (group-averaged) step
+    // losses over the epoch.
+    double train_loss_sum = 0, train_loss_count = 0;
+    if (stage == M - 1) {
+      const auto& losses = trainer.losses();
+      for (size_t i = static_cast<size_t>(epoch_first_step); i < losses.size(); ++i) {
+        train_loss_sum += losses[i];
+        train_loss_count += 1;
+      }
+    }
+    std::vector<float> sums = {static_cast<float>(local.loss_sum),
+                               static_cast<float>(local.correct),
+                               static_cast<float>(local.count),
+                               static_cast<float>(train_loss_sum),
+                               static_cast<float>(train_loss_count)};
+    comm.AllReduce(sums, collective::ReduceOp::kSum, everyone,
+                   Deadline::After(comm_cfg.timeout_s()), nullptr, exact);
+    const double accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
+    const double test_loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
+    const double train_loss = sums[4] > 0 ? sums[3] / sums[4] : 0.0;
+    final_accuracy = static_cast<float>(accuracy);
+    const int64_t steps = trainer.steps() - epoch_first_step;
+    const double samples_per_s = static_cast<double>(steps) * batch * N / train_s;
+    const double wall_s = Seconds(train_start);
+    if (lead) {
+      PSGD_LOG_INFO("epoch {}/{}: train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.4f}  "
+                    "{:.0f} samples/s  wall {:.1f} s",
+                    d.epoch, epochs, train_loss, test_loss, accuracy, samples_per_s, wall_s);
+      if (out) {
+        out->AppendMetrics({{"epoch", d.epoch},
+                            {"steps", trainer.steps()},
+                            {"train_loss", train_loss},
+                            {"test_loss", test_loss},
+                            {"test_accuracy", accuracy},
+                            {"samples_per_s", samples_per_s},
+                            {"wall_s", wall_s}});
+      }
+    }
+    epoch_first_step = trainer.steps();
+    epoch_start = Clock::now();
+    if (d.stop) break;
+  }
+
+  const double wall_s = Seconds(start);
+  if (lead) {
+    nlohmann::json stages_json = nlohmann::json::array();
+    for (int s = 0; s < M; ++s) {
+      std::map<int, int64_t> sizes;
+      const auto decisions = service->decisions(s);
+      for (const auto& d : decisions) sizes[static_cast<int>(d.members.size())] += 1;
+      nlohmann::json hist = nlohmann::json::object();
+      for (const auto& [size, count] : sizes) hist[std::to_string(size)] = count;
+      stages_json.push_back({{"stage", s},
+                             {"layers", fmt::format("{}..{}", starts[s], starts[s + 1] - 1)},
+                             {"scheduler_rounds", decisions.size()},
+                             {"scheduler_group_sizes", hist}});
+    }
+    PSGD_LOG_INFO("final test accuracy: {:.4f} ({} steps, {:.1f} s); per stage: {}",
+                  final_accuracy, trainer.steps(), wall_s, stages_json.dump());
+    if (out) {
+      nlohmann::json summary = {{"final_test_accuracy", final_accuracy},
+                                {"wall_s", wall_s},
+                                {"train_wall_s", Seconds(train_start)},
+                                {"steps", trainer.steps()},
+                                {"world_size", env.world_size},
+                                {"mode", "SDPIPE"},
+                                {"pipeline_stages", M},
+                                {"pipelines", N},
+                                {"micro_batches", m},
+                                {"stages", stages_json},
+                                {"rank0_rounds_alone", trainer.skipped()},
+                                {"rank0_p2p_bytes", trainer.p2p_bytes_sent()},
+                                {"rank0_sync_wire_bytes", trainer.sync_wire_bytes()},
+                                {"transport", comm.transport().name()},
+                                {"config", ConfigAsJson(job)}};
+      out->WriteSummary(summary);
+    }
+  }
+}
+
+}  // namespace pipesgd::launcher
