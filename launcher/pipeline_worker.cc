@@ -33,21 +33,6 @@ namespace {
 
 using namespace detail;
 
-// The same communicator options as the data-parallel SDPIPE worker (launcher/sdpipe_worker.cc).
-collective::CommunicatorOptions CommOptions(const config::Job& job) {
-  const auto& comm_cfg = job.comm();
-  collective::CommunicatorOptions o;
-  o.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
-  o.streams = comm_cfg.streams();
-  o.codec.kind = static_cast<CodecKind>(comm_cfg.compression());
-  o.codec.round_to_nearest_even = comm_cfg.round_to_nearest_even();
-  o.codec.stochastic_rounding = comm_cfg.stochastic_rounding();
-  o.codec.seed = job.train().seed();
-  o.compression_min_bytes = static_cast<uint64_t>(comm_cfg.min_bytes());
-  o.error_feedback = comm_cfg.error_feedback();
-  return o;
-}
-
 // Pipeline p's share of global batch t (data::Sampler with rank p of N pipelines), cut into
 // micro-batches of `rows` consecutive samples. The first and the last stage of a pipeline build
 // the same sampler, so they see the same samples.
@@ -232,17 +217,11 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
   std::unique_ptr<OutputDir> out;
   if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir);
 
-  std::vector<int> peers;
-  for (int r = 0; r < env.world_size; ++r) {
-    if (r != env.rank) peers.push_back(r);
-  }
   const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
-  const std::string start_setting =
-      fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s());
-  ConnectedTransport connected = ConnectTransport(env, JobDescription(job), comm_cfg.streams(),
-                                                  comm_cfg, peers, start_deadline, start_setting);
+  ConnectedTransport connected = TransportForEveryone(env, job, start_deadline);
   collective::GroupCommunicator comm(std::move(connected.transport), env.world_size,
-                                     std::move(connected.addresses), CommOptions(job));
+                                     std::move(connected.addresses),
+                                     CommunicatorOptionsFromConfig(job));
 
   // One scheduler state per stage, each over the stage's N replicas; no connect rounds, no
   // epochs and no end of its own (see the top of this file).

@@ -34,20 +34,6 @@ class ClientGroups : public train::GroupSource {
   double timeout_s_;
 };
 
-collective::CommunicatorOptions CommOptions(const config::Job& job) {
-  const auto& comm_cfg = job.comm();
-  collective::CommunicatorOptions o;
-  o.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
-  o.streams = comm_cfg.streams();
-  o.codec.kind = static_cast<CodecKind>(comm_cfg.compression());
-  o.codec.round_to_nearest_even = comm_cfg.round_to_nearest_even();
-  o.codec.stochastic_rounding = comm_cfg.stochastic_rounding();
-  o.codec.seed = job.train().seed();
-  o.compression_min_bytes = static_cast<uint64_t>(comm_cfg.min_bytes());
-  o.error_feedback = comm_cfg.error_feedback();
-  return o;
-}
-
 }  // namespace
 
 void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& job,
@@ -115,17 +101,11 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
 
   // Every rank may end up in a group with every other: the transport is made for all of them
   // (ibverbs needs its peers up front); connections are made on first use.
-  std::vector<int> peers;
-  for (int r = 0; r < env.world_size; ++r) {
-    if (r != env.rank) peers.push_back(r);
-  }
   const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
-  const std::string start_setting =
-      fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s());
-  ConnectedTransport connected = ConnectTransport(env, JobDescription(job), comm_cfg.streams(),
-                                                  comm_cfg, peers, start_deadline, start_setting);
+  ConnectedTransport connected = TransportForEveryone(env, job, start_deadline);
   collective::GroupCommunicator comm(std::move(connected.transport), env.world_size,
-                                     std::move(connected.addresses), CommOptions(job));
+                                     std::move(connected.addresses),
+                                     CommunicatorOptionsFromConfig(job));
 
   // The scheduler lives in rank 0; its port reaches the others through one exact AllReduce of
   // everyone (a port fits a float exactly).

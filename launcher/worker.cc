@@ -141,6 +141,35 @@ void WriteFileAtomically(const std::filesystem::path& path, const std::string& c
 }
 
 
+collective::CommunicatorOptions CommunicatorOptionsFromConfig(const config::Job& job) {
+  static_assert(static_cast<int>(CodecKind::kTrunc16) == config::Comm::trunc16 &&
+                static_cast<int>(CodecKind::kFp16) == config::Comm::fp16 &&
+                static_cast<int>(CodecKind::kQ8) == config::Comm::q8 &&
+                static_cast<int>(CodecKind::kNone) == config::Comm::none);
+  const auto& comm_cfg = job.comm();
+  collective::CommunicatorOptions o;
+  o.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
+  o.streams = comm_cfg.streams();
+  o.codec.kind = static_cast<CodecKind>(comm_cfg.compression());
+  o.codec.round_to_nearest_even = comm_cfg.round_to_nearest_even();
+  o.codec.stochastic_rounding = comm_cfg.stochastic_rounding();
+  o.codec.seed = job.train().seed();
+  o.compression_min_bytes = static_cast<uint64_t>(comm_cfg.min_bytes());
+  o.error_feedback = comm_cfg.error_feedback();
+  return o;
+}
+
+ConnectedTransport TransportForEveryone(const JobEnv& env, const config::Job& job,
+                                        Deadline start_deadline) {
+  const auto& comm_cfg = job.comm();
+  std::vector<int> peers;
+  for (int r = 0; r < env.world_size; ++r) {
+    if (r != env.rank) peers.push_back(r);
+  }
+  return ConnectTransport(env, JobDescription(job), comm_cfg.streams(), comm_cfg, peers,
+                          start_deadline, fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
+}
+
 train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size) {
   train::StragglerOptions o;
   const config::Straggler& st = job.straggler();
@@ -498,19 +527,7 @@ void RunWorker(const WorkerArgs& args) {
   }
 
   // Network: publish our endpoint, meet the others, connect the ring.
-  collective::CommunicatorOptions comm_options;
-  comm_options.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
-  comm_options.streams = comm_cfg.streams();
-  static_assert(static_cast<int>(CodecKind::kTrunc16) == config::Comm::trunc16 &&
-                static_cast<int>(CodecKind::kFp16) == config::Comm::fp16 &&
-                static_cast<int>(CodecKind::kQ8) == config::Comm::q8 &&
-                static_cast<int>(CodecKind::kNone) == config::Comm::none);
-  comm_options.codec.kind = static_cast<CodecKind>(comm_cfg.compression());
-  comm_options.codec.round_to_nearest_even = comm_cfg.round_to_nearest_even();
-  comm_options.codec.stochastic_rounding = comm_cfg.stochastic_rounding();
-  comm_options.codec.seed = train_cfg.seed();
-  comm_options.compression_min_bytes = static_cast<uint64_t>(comm_cfg.min_bytes());
-  comm_options.error_feedback = comm_cfg.error_feedback();
+  const collective::CommunicatorOptions comm_options = CommunicatorOptionsFromConfig(job);
   auto comm = ConnectRing(env, JobDescription(job), comm_options, comm_cfg,
                           Deadline::After(comm_cfg.start_timeout_s()),
                           fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));

@@ -19,6 +19,7 @@
 #include "configs/pipesgd.pb.h"
 #include "core/base/error.h"
 #include "core/train/straggler.h"
+#include "launcher/worker.h"
 #include "layers/model.h"
 
 namespace pipesgd::launcher::detail {
@@ -35,6 +36,13 @@ int NumClasses(const config::Model& spec);
 nlohmann::json ConfigAsJson(const config::Job& job);
 // Writes to a temporary file, then renames it over `path`. Throws Error(kIo).
 void WriteFileAtomically(const std::filesystem::path& path, const std::string& contents);
+// The communicator options of job.comm (chunking, streams, codec, error feedback), for every mode.
+collective::CommunicatorOptions CommunicatorOptionsFromConfig(const config::Job& job);
+// The transport, made for every other rank (SDPIPE groups may pair any two ranks; ibverbs needs
+// its peers up front), and every rank's address; nothing is connected yet. `start_deadline`
+// is comm.start_timeout_s from the worker's start. Throws what ConnectTransport throws.
+ConnectedTransport TransportForEveryone(const JobEnv& env, const config::Job& job,
+                                        Deadline start_deadline);
 // job.straggler for this job; throws Error(kInvalidArgument) for a rank outside [0, world_size).
 train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size);
 

@@ -185,7 +185,8 @@ float Trainer::SlotLoss(int index) {
   return device_->Summary(index).loss;
 }
 
-void Trainer::CheckAggregate(int index, int64_t s, const char* what) {
+void Trainer::CheckAggregate(int index, int64_t s, const char* what,
+                             const char* consequence) {
   int64_t bad = -1;
   float value = 0;
   if (device_ != nullptr) {
@@ -199,11 +200,10 @@ void Trainer::CheckAggregate(int index, int64_t s, const char* what) {
     }
   }
   if (bad < 0) return;
-  Throw(ErrorCode::kNumerical, "rank {}: step {}: the {} has a non-finite value ({}) at {} {}{}",
+  Throw(ErrorCode::kNumerical, "rank {}: step {}: the {} has a non-finite value ({}) at {} {}; {}",
         comm_.rank(), s, what, value,
         static_cast<size_t>(bad) == num_params_ ? "the loss, element" : "parameter", bad,
-        what[0] == 'p' ? "; not taking a checkpoint of this state"
-                       : "; stopping without applying this update");
+        consequence);
 }
 
 void Trainer::Finish(int64_t s, bool apply) {
@@ -227,7 +227,7 @@ void Trainer::Finish(int64_t s, bool apply) {
           comm_.rank(), s, loss);
   }
   if (apply) {
-    CheckAggregate(index, s, "averaged gradient");
+    CheckAggregate(index, s, "averaged gradient", "stopping without applying this update");
     timeline::Span span(timeline_, timeline::kCompute, "update");
     if (device_ != nullptr) {
       optimizer_.ApplyFromDevice(params_, device_->slot(index));
@@ -292,7 +292,7 @@ TrainerSnapshot Trainer::Snapshot() {
     const int index = static_cast<int>(s % options_.pipeline_width);
     const Slot& slot = slots_[index];
     PSGD_CHECK_EQ(slot.step, s);
-    CheckAggregate(index, s, "pending aggregate");
+    CheckAggregate(index, s, "pending aggregate", "not taking a checkpoint of this state");
     std::vector<float> aggregate = slot.buffer;
     if (device_ != nullptr) {
       aggregate.resize(num_params_ + 1);

@@ -241,8 +241,9 @@ class Trainer {
   void HarvestLosses();
   // The averaged loss of a slot whose AllReduce has finished.
   float SlotLoss(int index);
-  // Throws kNumerical when the aggregate in slot `index` (step s) has a non-finite value.
-  void CheckAggregate(int index, int64_t s, const char* what);
+  // Throws kNumerical when the aggregate in slot `index` (step s) has a non-finite value; the
+  // message names `what` and ends with `consequence`.
+  void CheckAggregate(int index, int64_t s, const char* what, const char* consequence);
 
   collective::Communicator& comm_;
   Objective& objective_;
