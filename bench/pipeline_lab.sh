@@ -29,22 +29,6 @@ CAPS=(0.5 0.5 0.5 0.125)
 source bench/lab_common.sh
 scripts/lab cpu "${CAPS[@]}"
 
-run_mode() {  # run_mode NAME --set ...: one rank per node, rank 0's metrics into $tmp/NAME
-  local name="$1"; shift
-  local port=$((29600 + RANDOM % 300))
-  for i in 0 1 2 3; do
-    RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 \
-      timeout 900 scripts/lab exec "$i" "$BIN" worker "$CONFIG" "${COMMON[@]}" "$@" \
-      $([[ $i == 0 ]] && echo --out "$tmp/$name") > "$tmp/$name.$i.log" 2>&1 &
-    pids+=($!)
-  done
-  local rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-  pids=()
-  grep -E "epoch|final" "$tmp/$name.0.log" | tail -n 3 || true
-  [[ $rc == 0 ]] || { echo "$name failed (rc $rc):"; tail -n 20 "$tmp"/$name.*.log; exit 1; }
-}
-
 run_mode sdpipe --set sdpipe.period=10
 run_mode sync --set sdpipe.period=1
 
