@@ -143,6 +143,42 @@ INSTANTIATE_TEST_SUITE_P(AllPositions, PeerFailure,
                                             ::testing::Range(0, 4)),
                          ScenarioName);
 
+// The abort notice can queue behind the rest of a chunk already on the wire. Rank 1 dies; rank 2
+// sees it at once, but its 16 MiB chunk to rank 3 is stuck half-sent because rank 3 does not
+// read for 2.5 s (a rank descheduled on a loaded machine). Rank 2 must keep the notice pending
+// longer than that instead of closing after 1 s: otherwise rank 3 reads "rank 2 closed the
+// connection" and blames a healthy rank (seen once in CI under TSan).
+TEST(PeerFailure, TheNoticeWaitsBehindAHalfSentChunkForASlowRightNeighbour) {
+  constexpr uint64_t kChunk = 16 << 20;  // bigger than loopback's socket buffers
+  auto results = RunRanks(4, [&](const RankContext& ctx) -> std::string {
+    auto comm = testing::ConnectRing(ctx, kChunk);
+    if (ctx.rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      raise(SIGKILL);
+    }
+    if (ctx.rank == 3) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    std::vector<float> data(4 * kChunk / sizeof(float), 1.0f);  // one chunk per block
+    try {
+      comm->AllReduce(data, ReduceOp::kSum, Deadline::After(kTimeoutS));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  }, 60);
+  EXPECT_EQ(results[1].exit_code, 128 + SIGKILL) << results[1].output;
+  for (int r : {0, 2, 3}) {
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    const std::string& out = results[r].output;
+    EXPECT_TRUE(out.find("rank 1 failed or is gone") != std::string::npos ||
+                out.find("rank 1 failed after") != std::string::npos ||
+                out.find("rank 1 closed the connection") != std::string::npos)
+        << "rank " << r << " does not name rank 1: " << out;
+    EXPECT_EQ(out.find("rank 2 closed the connection"), std::string::npos) << "rank " << r << ": " << out;
+  }
+  EXPECT_NE(results[3].output.find("rank 1 failed or is gone (relayed by rank 2"), std::string::npos)
+      << results[3].output;
+}
+
 // A neighbour that stalls (alive, silent) fails the wait at the deadline, naming it; the stall
 // warning names it well before.
 TEST(PeerStall, SilentNeighbourFailsAtTheDeadlineByName) {

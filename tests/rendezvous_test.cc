@@ -48,6 +48,31 @@ TEST(Rendezvous, EveryRankGetsEveryAddress) {
   }
 }
 
+// Rendezvous after rendezvous on one port (tests and tools that build two rings): a rank that
+// got its answer early starts the next round while rank 0 is still answering the others. Its
+// hello must reach the next round's listener, never the closing one (which once either failed
+// the job with "joined twice" or dropped the rank, so the next round timed out naming it).
+TEST(Rendezvous, BackToBackRoundsOnOnePortStayApart) {
+  constexpr int kRounds = 40;
+  auto results = RunRanks(4, [](const RankContext& ctx) {
+    std::string out;
+    for (int round = 0; round < kRounds; ++round) {
+      out += Joined(RendezvousAllGather(Options(ctx), fmt::format("r{}.{}", ctx.rank, round),
+                                        Deadline::After(20)));
+      out += "|";
+    }
+    return out;
+  });
+  std::string want;
+  for (int round = 0; round < kRounds; ++round) {
+    want += fmt::format("r0.{0};r1.{0};r2.{0};r3.{0};|", round);
+  }
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    EXPECT_EQ(results[r].output, want) << "rank " << r;
+  }
+}
+
 TEST(Rendezvous, RanksMayStartLate) {
   auto results = RunRanks(3, [](const RankContext& ctx) {
     if (ctx.rank == 0) std::this_thread::sleep_for(std::chrono::seconds(2));  // others retry

@@ -159,6 +159,10 @@ class Server {
     addresses_[hello.rank()] = hello.address();
     clients_[hello.rank()] = client;
     if (static_cast<int>(clients_.size()) == n - 1) {
+      // Stop listening before anyone hears back: a rank answered early may start its next
+      // rendezvous on this port at once, and must reach that round's listener, not this one.
+      error_code ignored;
+      acceptor_.close(ignored);
       wire::RendezvousReply reply;
       for (auto& a : addresses_) reply.add_addresses(*a);
       pending_writes_ = static_cast<int>(clients_.size());

@@ -10,6 +10,8 @@
 // version, a different job description (RendezvousOptions::job). Connections that are not pipesgd peers (bad magic, oversized or unparsable frames)
 // are logged and dropped without disturbing the job. On timeout rank 0 names the ranks that
 // never arrived.
+// Rank 0 stops listening as soon as every rank has arrived (before answering), so rendezvous
+// may follow one another on the same port.
 #pragma once
 
 #include <cstdint>

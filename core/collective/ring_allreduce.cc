@@ -304,7 +304,21 @@ void Communicator::ThrowIfAbortNotice(const ChunkHeader& header, size_t stream, 
         rank_, seq, origin, left, report);
 }
 
-void Communicator::NotifyAndClose(const Error& error, uint64_t seq) {
+namespace {
+// Bounds of the wait for an abort notice to go out. The lower bound lets a notice out even when
+// the error was this collective's own deadline; the upper bound keeps a rank whose right
+// neighbour is stalled from reporting its own error late. A 1 s fixed wait was too short on a
+// loaded machine: the notice queues behind the rest of a 1 MiB chunk, and a right neighbour
+// descheduled for over a second then blamed this (healthy) rank for closing mid-chunk.
+constexpr double kNoticeMinS = 1;
+constexpr double kNoticeMaxS = 5;
+
+Deadline NoticeDeadline(Deadline collective) {
+  return Deadline::After(std::max(kNoticeMinS, collective.remaining_s())).Min(kNoticeMaxS);
+}
+}  // namespace
+
+void Communicator::NotifyAndClose(const Error& error, uint64_t seq, Deadline deadline) {
   failed_ = true;
   if (failure_origin_ < 0) {
     // The root cause is here: a neighbour that broke or stalled under one of our waits, or this
@@ -328,7 +342,7 @@ void Communicator::NotifyAndClose(const Error& error, uint64_t seq) {
     notice.op.Set(&notice.header, sizeof(ChunkHeader), abort_text_.data(), abort_text_.size());
     try {
       right_[next_send_index_ % right_.size()]->PostSend(notice.op);
-      transport_->Wait(notice.op, Deadline::After(1), "an abort notice to the right neighbour");
+      transport_->Wait(notice.op, NoticeDeadline(deadline), "an abort notice to the right neighbour");
     } catch (const Error&) {
       // Best effort: the neighbour may be the one that is gone, or stalled.
     }
@@ -352,7 +366,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
   try {
     Run(data, op, deadline, abort, call, seq);
   } catch (const Error& error) {
-    NotifyAndClose(error, seq);
+    NotifyAndClose(error, seq, deadline);
     throw;
   }
 }

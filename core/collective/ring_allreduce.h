@@ -256,8 +256,10 @@ class Communicator {
   // If `header` is an abort notice: reads its text (from `stream` of the left neighbour) and
   // throws kUnavailable naming the rank that failed. Otherwise returns.
   void ThrowIfAbortNotice(const ChunkHeader& header, size_t stream, uint64_t seq);
-  // Best effort, bounded: tells the right neighbour why this rank stops, then closes.
-  void NotifyAndClose(const Error& error, uint64_t seq);
+  // Best effort, bounded: tells the right neighbour why this rank stops, then closes. The notice
+  // may queue behind the rest of a chunk already on the wire, so it gets what is left of the
+  // collective's `deadline`, at least 1 s and at most 5 s.
+  void NotifyAndClose(const Error& error, uint64_t seq, Deadline deadline);
 
   // Error feedback on data[0, head): see AllReduce.
   void ApplyErrorFeedback(std::span<float> data, const RingPlan& plan, uint64_t head,
