@@ -149,13 +149,10 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
   const size_t rows = batch / static_cast<size_t>(m);  // config validation: a multiple
 
-  const int num_classes = NumClasses(job.model());
   const auto& data_cfg = job.data();
-  data::Dataset train_set = data::LoadDataset(data_cfg.train_images(), data_cfg.train_labels(),
-                                              num_classes, data_cfg.train_limit());
-  data::Dataset test_set = data::LoadDataset(data_cfg.test_images(), data_cfg.test_labels(),
-                                             num_classes, data_cfg.test_limit());
-  data::CheckSameShape(train_set, data_cfg.train_images(), test_set, data_cfg.test_images());
+  const detail::JobData sets = detail::LoadJobData(job);
+  const data::Dataset& train_set = sets.train;
+  const data::Dataset& test_set = sets.test;
   const data::InputScaling scaling{data_cfg.input_mean(), data_cfg.input_std()};
 
   // The full model: its initial weights (the stages take their slices, so a split run starts

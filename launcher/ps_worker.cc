@@ -19,23 +19,14 @@
 #include "launcher/model_builder.h"
 #include "launcher/config.h"
 #include "launcher/worker.h"
+#include "launcher/worker_detail.h"
 #include "layers/model.h"
 
 namespace pipesgd::launcher {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-int LastWidth(const config::Model& spec) {
-  for (int i = spec.layers_size() - 1; i >= 0; --i) {
-    if (spec.layers(i).has_linear()) return spec.layers(i).linear().out_features();
-  }
-  return 0;
-}
+using detail::Seconds;
 
 void WriteText(const std::filesystem::path& path, const std::string& text, bool append) {
   std::ofstream out(path, append ? std::ios::app : std::ios::trunc);
@@ -89,11 +80,9 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
     WriteText(out_dir / "metrics.jsonl", "", false);
   }
 
-  data::Dataset train_set = data::LoadDataset(data_cfg.train_images(), data_cfg.train_labels(),
-                                              LastWidth(job.model()), data_cfg.train_limit());
-  data::Dataset test_set = data::LoadDataset(data_cfg.test_images(), data_cfg.test_labels(),
-                                             LastWidth(job.model()), data_cfg.test_limit());
-  data::CheckSameShape(train_set, data_cfg.train_images(), test_set, data_cfg.test_images());
+  const detail::JobData sets = detail::LoadJobData(job);
+  const data::Dataset& train_set = sets.train;
+  const data::Dataset& test_set = sets.test;
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
   auto model = std::make_unique<layers::Model>(BuildLayers(job.model()), std::max<size_t>(batch, 500));
   std::vector<float> params(model->num_params());

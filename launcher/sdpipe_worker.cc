@@ -63,13 +63,10 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
   std::unique_ptr<OutputDir> out;
   if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir);
 
-  const int num_classes = NumClasses(job.model());
   const auto& data_cfg = job.data();
-  data::Dataset train_set = data::LoadDataset(data_cfg.train_images(), data_cfg.train_labels(),
-                                              num_classes, data_cfg.train_limit());
-  data::Dataset test_set = data::LoadDataset(data_cfg.test_images(), data_cfg.test_labels(),
-                                             num_classes, data_cfg.test_limit());
-  data::CheckSameShape(train_set, data_cfg.train_images(), test_set, data_cfg.test_images());
+  const detail::JobData sets = detail::LoadJobData(job);
+  const data::Dataset& train_set = sets.train;
+  const data::Dataset& test_set = sets.test;
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
   const size_t max_batch = std::max<size_t>(batch, 500);
   auto stack = BuildLayers(job.model());

@@ -111,6 +111,23 @@ int NumClasses(const config::Model& spec) {
   return 0;  // the config loader rejects models without a linear layer
 }
 
+JobData LoadJobData(const config::Job& job) {
+  const int num_classes = NumClasses(job.model());
+  const auto& cfg = job.data();
+  JobData sets{
+      data::LoadDataset(cfg.train_images(), cfg.train_labels(), num_classes, cfg.train_limit()),
+      data::LoadDataset(cfg.test_images(), cfg.test_labels(), num_classes, cfg.test_limit())};
+  data::CheckSameShape(sets.train, cfg.train_images(), sets.test, cfg.test_images());
+  const layers::Shape input = InputShape(job.model());
+  if (sets.train.rows != input.height || sets.train.cols != input.width || input.channels != 1) {
+    Throw(ErrorCode::kInvalidArgument,
+          "model.input_channels x input_height x input_width = {}: expected 1x{}x{}, the "
+          "images of {} (IDX images have one channel)",
+          layers::ToString(input), sets.train.rows, sets.train.cols, cfg.train_images());
+  }
+  return sets;
+}
+
 nlohmann::json ConfigAsJson(const config::Job& job) {
   std::string text;
   google::protobuf::util::JsonPrintOptions options;
@@ -452,20 +469,10 @@ void RunWorker(const WorkerArgs& args) {
   std::unique_ptr<OutputDir> out;
   if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir);
 
-  const int num_classes = NumClasses(job.model());
   const auto& data_cfg = job.data();
-  data::Dataset train_set = data::LoadDataset(data_cfg.train_images(), data_cfg.train_labels(),
-                                              num_classes, data_cfg.train_limit());
-  data::Dataset test_set = data::LoadDataset(data_cfg.test_images(), data_cfg.test_labels(),
-                                             num_classes, data_cfg.test_limit());
-  data::CheckSameShape(train_set, data_cfg.train_images(), test_set, data_cfg.test_images());
-  const layers::Shape input = InputShape(job.model());
-  if (train_set.rows != input.height || train_set.cols != input.width || input.channels != 1) {
-    Throw(ErrorCode::kInvalidArgument,
-          "model.input_channels x input_height x input_width = {}: expected 1x{}x{}, the "
-          "images of {} (IDX images have one channel)",
-          layers::ToString(input), train_set.rows, train_set.cols, data_cfg.train_images());
-  }
+  const JobData sets = LoadJobData(job);
+  const data::Dataset& train_set = sets.train;
+  const data::Dataset& test_set = sets.test;
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
   // Evaluation runs in batches of up to 500 (fewer calls), but not beyond ~64 MiB of
   // activations per rank: a CNN's feature maps are far larger than an MLP's.

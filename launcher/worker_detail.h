@@ -18,6 +18,7 @@
 
 #include "configs/pipesgd.pb.h"
 #include "core/base/error.h"
+#include "core/data/dataset.h"
 #include "core/train/straggler.h"
 #include "launcher/worker.h"
 #include "layers/model.h"
@@ -33,6 +34,16 @@ double Seconds(Clock::time_point since);
 void CheckModelFitsInMemory(const std::vector<std::unique_ptr<layers::Layer>>& stack,
                             size_t max_batch, int width);
 int NumClasses(const config::Model& spec);
+// The job's training and test sets (job.data), loaded for NumClasses(job.model()) classes.
+struct JobData {
+  data::Dataset train;
+  data::Dataset test;
+};
+// Loads both sets and checks them against each other and against the model's input: the IDX
+// images (one channel, rows x cols) must be model.input_channels x input_height x input_width =
+// 1 x rows x cols. Throws Error(kInvalidArgument) naming both shapes and the file on a mismatch,
+// and what data::LoadDataset / data::CheckSameShape throw.
+JobData LoadJobData(const config::Job& job);
 nlohmann::json ConfigAsJson(const config::Job& job);
 // Writes to a temporary file, then renames it over `path`. Throws Error(kIo).
 void WriteFileAtomically(const std::filesystem::path& path, const std::string& contents);

@@ -296,6 +296,34 @@ TEST(BadInput, ImagesOfAnotherShapeThanTheModelInput) {
   ExpectError(Worker({"model.input_channels=3"}), {"= 3x28x28", "one channel"});
 }
 
+// Every training mode checks the images against the model's input before it builds anything
+// (the SDPipe, pipeline and parameter-server workers once skipped the check).
+TEST(BadInput, ImagesOfAnotherShapeThanTheModelInputInEveryMode) {
+  const std::string pipeline =
+      std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp_pipeline.pbtxt";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> modes = {
+      {{"run", "-np", "2", kConfig, "--set", "train.mode=SDPIPE"}, "SDPIPE"},
+      {{"run", "-np", "2", kConfig, "--set", "train.mode=PS_SYNC"}, "PS_SYNC"},
+      {{"run", "-np", "4", pipeline}, "pipeline stages"}};
+  for (const auto& [args, name] : modes) {
+    SCOPED_TRACE(name);
+    std::vector<std::string> argv = {kBinary};
+    argv.insert(argv.end(), args.begin(), args.end());
+    for (const char* set : {"model.input_height=32", "train.max_steps=5"}) {
+      argv.push_back("--set");
+      argv.push_back(set);
+    }
+    auto r = RunCommand(argv, {}, 120);
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_NE(r.exit_code, 0);
+    for (const char* needle : {"model.input_channels x input_height x input_width = 1x32x28",
+                               "expected 1x28x28", "train-images-idx3-ubyte.gz"}) {
+      EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr lacks '" << needle << "':\n"
+                                                       << r.err;
+    }
+  }
+}
+
 TEST(BadInput, OutputDirectoryInUseByAnotherJob) {
   TempDir dir;
   fs::create_directories(dir.path("out"));
