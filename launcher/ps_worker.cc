@@ -25,7 +25,7 @@
 namespace pipesgd::launcher {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using detail::Clock;
 using detail::Seconds;
 
 void WriteText(const std::filesystem::path& path, const std::string& text, bool append) {
