@@ -43,7 +43,7 @@ for m in names:
     metrics = [json.loads(l) for l in open(f"{tmp}/{m}/metrics.jsonl")]
     summary = json.load(open(f"{tmp}/{m}/summary.json"))
     reached = next((x["wall_s"] for x in metrics if x["test_accuracy"] >= target), None)
-    samples = metrics[-1]["steps"] * 2 * int(batch)  # 2 pipelines
+    samples = metrics[-1]["step"] * 2 * int(batch)  # 2 pipelines
     runs[m] = {"metrics": metrics, "summary": {k: v for k, v in summary.items() if k != "config"},
                "time_to_target_s": reached, "final_accuracy": summary["final_test_accuracy"],
                "train_wall_s": summary["train_wall_s"],
@@ -74,7 +74,7 @@ for m, label in names.items():
     t = r["time_to_target_s"]
     speed = f"{sync_t / t:.2f}x" if (t and sync_t) else "n/a"
     md.append(f"| {label} | {fmt(t)} | {speed} | {r['final_accuracy']:.4f} | {r['train_wall_s']:.1f} | {r['throughput_samples_per_s']:.0f} |")
-md += ["", "Scheduler rounds per stage (SDPipe run): " + json.dumps(runs["sdpipe"]["summary"].get("stages")), "",
+md += ["", "Scheduler rounds per stage (SDPipe run): " + json.dumps(runs["sdpipe"]["summary"]["details"].get("stages")), "",
        "Per epoch (wall-clock s, test accuracy):", "", "```"]
 for m in names:
     md.append(m + ": " + "  ".join(f"{x['wall_s']:.1f}s {x['test_accuracy']:.4f}" for x in runs[m]["metrics"]))

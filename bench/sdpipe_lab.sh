@@ -47,7 +47,7 @@ for m in names:
     metrics = [json.loads(l) for l in open(f"{tmp}/{m}/metrics.jsonl")]
     summary = json.load(open(f"{tmp}/{m}/summary.json"))
     reached = next((x["wall_s"] for x in metrics if x["test_accuracy"] >= target), None)
-    samples = metrics[-1]["steps"] * 4 * int(batch)
+    samples = metrics[-1]["step"] * 4 * int(batch)
     runs[m] = {"metrics": metrics, "summary": {k: v for k, v in summary.items() if k != "config"},
                "time_to_target_s": reached, "final_accuracy": summary["final_test_accuracy"],
                "train_wall_s": summary["train_wall_s"],
@@ -64,7 +64,7 @@ for m in names:
     with open(f"{tmp}/{m}.dat", "w") as f:
         for x in runs[m]["metrics"]:
             f.write(f"{x['wall_s']:.3f} {x['test_accuracy']:.4f}\n")
-sizes = runs["sdpipe"]["summary"]["group_sizes"]
+sizes = runs["sdpipe"]["summary"]["details"]["group_sizes"]
 with open(f"{tmp}/sizes.dat", "w") as f:
     for k in range(1, 5):
         f.write(f"{k} {sizes.get(str(k), 0)}\n")
@@ -88,7 +88,7 @@ for m, label in names.items():
     t = r["time_to_target_s"]
     speed = f"{ring_t / t:.2f}x" if (t and ring_t) else "n/a"
     md.append(f"| {label} | {fmt(t)} | {speed} | {r['final_accuracy']:.4f} | {r['train_wall_s']:.1f} | {r['throughput_samples_per_s']:.0f} |")
-s = runs["sdpipe"]["summary"]
+s = runs["sdpipe"]["summary"]["details"]
 md += ["", f"SDPipe's scheduler formed {s['rounds']} groups: by size {json.dumps(s['group_sizes'])}, by kind",
        f"{json.dumps(s['rounds_by_kind'])}; rank 0 was alone in {s['rank0_rounds_alone']} of its rounds.", "",
        "Per epoch (wall-clock s, test accuracy):", "", "```"]

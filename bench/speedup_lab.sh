@@ -13,7 +13,7 @@
 #   ps_sync, ps_async   (server on node 0, workers on nodes 1-4),
 #   ring_k1, ring_k2, ring_k1_q8, ring_k2_q8   (ranks on nodes 1-4; K = pipeline width, q8 with
 #                        error feedback), each with a --timeline of steps 20-59,
-#   ddp                 (PyTorch DDP, gloo, nodes 1-4: bench/peers/ddp_mlp.py),
+#   ddp                 (PyTorch DDP, gloo, nodes 1-4: bench/peers/ddp_train.py),
 # all with the same data, batch, learning rate, momentum and epochs. Raw outputs go to
 # docs/results/speedup_lab/RATE/. `report` writes docs/results/speedup_lab.md and the PNGs.
 #
@@ -43,14 +43,7 @@ run_rate() {
   trap cleanup EXIT
   scripts/lab down >/dev/null 2>&1 || true
   scripts/lab up 5
-  scripts/lab shape "$rate"
-  if [[ "$rate" != none ]]; then
-    # The bridge side of every link too: the node's downlink, as on a switch port.
-    local burst; burst=$(ip netns exec "${LAB_PREFIX}-n0" tc qdisc show dev eth0 | sed -n 's/.*burst \([0-9a-zA-Z]*\).*/\1/p')
-    for i in 0 1 2 3 4; do
-      ip netns exec "${LAB_PREFIX}-sw" tc qdisc replace dev "p$i" root tbf rate "$rate" burst "$burst" latency 50ms
-    done
-  fi
+  scripts/lab shape "$rate" both-ways
   scripts/lab cpu "$CPU_SHARE"
   local a0 a1; a0=$(scripts/lab addr 0); a1=$(scripts/lab addr 1)
   local common=(--set "data.train_limit=$TRAIN_LIMIT" --set "data.test_limit=$TEST_LIMIT"
@@ -101,7 +94,7 @@ run_rate() {
         for r in 0 1 2 3; do
           RANK=$r WORLD_SIZE=4 MASTER_ADDR=$a1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=eth0 \
             OMP_NUM_THREADS=1 timeout 900 scripts/lab exec $((r + 1)) /usr/bin/python3 \
-            bench/peers/ddp_mlp.py --train-limit "$TRAIN_LIMIT" --test-limit "$TEST_LIMIT" \
+            bench/peers/ddp_train.py --model mlp --train-limit "$TRAIN_LIMIT" --test-limit "$TEST_LIMIT" \
             --batch-size "$BATCH" --lr 0.05 --momentum 0.5 --epochs "$EPOCHS" \
             --metrics "$PWD/$out/ddp.metrics.jsonl" > "$out/$scheme.$r.log" 2>&1 &
           pids+=($!)

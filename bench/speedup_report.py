@@ -94,8 +94,9 @@ for rate in RATES:
             continue
         prev, t_train, n = 0, 0.0, 0
         for line in m:
-            dn = line["steps"] - prev
-            prev = line["steps"]
+            step = line.get("step", line.get("steps"))  # "steps" in the recorded runs
+            dn = step - prev
+            prev = step
             t_train += dn * gb / line["samples_per_s"]
             n += dn
         reach = next((l["wall_s"] for l in m if l["test_accuracy"] >= target), None)
@@ -135,7 +136,7 @@ md += ["## Set-up", "",
        "  wall-clock since training started, evaluations included, data loading excluded).",
        "- TCP, chunk 1 MiB (the config's default); q8 = 8-bit quantization inside the ring with error",
        "  feedback. The parameter server sends float32 (it has no compression).",
-       "- PyTorch DDP: Debian's python3-torch, gloo backend, `bench/peers/ddp_mlp.py`, one thread",
+       "- PyTorch DDP: Debian's python3-torch, gloo backend, `bench/peers/ddp_train.py`, one thread",
        "  per rank, the same model, data, batch, lr, momentum and epochs.",
        "- Iteration time measured = training time of the epochs (evaluation excluded) / steps.",
        "  Predicted = `pipesgd model --probe probe.json --chunk-bytes 1048576` with the probe run on",

@@ -548,6 +548,7 @@ struct RealRange {
   double lo;
   bool lo_inclusive;
   std::optional<double> hi_exclusive;  // the value must also be finite
+  std::optional<double> hi_inclusive = std::nullopt;  // instead of hi_exclusive
 };
 struct NonEmpty {};
 using Rule = std::variant<IntRange, RealRange, NonEmpty>;
@@ -599,6 +600,9 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Train>(Train::kPipelineWidthFieldNumber), IntRange{1, 16}},
       {Field<Train>(Train::kMaxStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<Train>(Train::kProgressPerEpochFieldNumber), IntRange{0, 1000}},
+      {Field<Train>(Train::kSyncWarmupStepsFieldNumber), IntRange{0, std::nullopt}},
+      {Field<Train>(Train::kEvalEveryStepsFieldNumber), IntRange{0, std::nullopt}},
+      {Field<Train>(Train::kTargetAccuracyFieldNumber), RealRange{0, true, std::nullopt, 1.0}},
       {Field<Comm>(Comm::kChunkBytesFieldNumber), IntRange{1024, int64_t{1} << 30, 4, "auto"}},
       {Field<Comm>(Comm::kStartTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
       {Field<Comm>(Comm::kTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
@@ -640,6 +644,10 @@ std::string Describe(const IntRange& rule) {
 }
 
 std::string Describe(const RealRange& rule) {
+  if (rule.hi_inclusive) {
+    return fmt::format("expected a number in {}{}, {}]", rule.lo_inclusive ? '[' : '(', rule.lo,
+                       *rule.hi_inclusive);
+  }
   if (rule.hi_exclusive) {
     return fmt::format("expected a number in {}{}, {})", rule.lo_inclusive ? '[' : '(', rule.lo,
                        *rule.hi_exclusive);
@@ -657,6 +665,7 @@ class Validator {
     std::vector<Step> steps;
     Visit(job, &steps);
     CheckPipeline(job);
+    CheckCompensation(job);
     if (!errors_.empty()) {
       Throw(ErrorCode::kInvalidArgument, "{}", fmt::join(errors_, "\n"));
     }
@@ -878,6 +887,20 @@ class Validator {
 
   // The pipeline's fields against the model, the batch and the mode (each alone is checked by
   // its rule). The world size is checked when the job starts (it must be a multiple of stages).
+  void CheckCompensation(const config::Job& job) {
+    const config::Train& train = job.train();
+    if (train.staleness_compensation() == config::NONE || train.pipeline_width() < 2 ||
+        job.model().device() != config::Model::CUDA) {
+      return;
+    }
+    std::vector<Step> steps{{Field<config::Job>(config::Job::kTrainFieldNumber), -1},
+                            {Field<config::Train>(config::Train::kStalenessCompensationFieldNumber), -1}};
+    Report(steps, fmt::format("{} = {}: not implemented with model.device = CUDA (the weight "
+                              "prediction runs on host parameters); use NONE",
+                              PathString(steps),
+                              config::StalenessCompensation_Name(train.staleness_compensation())));
+  }
+
   void CheckPipeline(const config::Job& job) {
     if (!job.has_pipeline()) return;
     const config::Pipeline& pl = job.pipeline();
@@ -996,7 +1019,8 @@ class Validator {
           PSGD_CHECK(!"real rule on a non-real field");
       }
       ok = std::isfinite(v) && (real_range->lo_inclusive ? v >= real_range->lo : v > real_range->lo) &&
-           (!real_range->hi_exclusive || v < *real_range->hi_exclusive);
+           (!real_range->hi_exclusive || v < *real_range->hi_exclusive) &&
+           (!real_range->hi_inclusive || v <= *real_range->hi_inclusive);
       expected = Describe(*real_range);
     } else {
       std::string scratch;
@@ -1083,6 +1107,11 @@ config::Job ParseJobConfig(const std::string& text, const std::string& path,
   std::vector<AppliedOverride> applied;
   for (const std::string& spec : overrides) applied.push_back(ApplyOverride(&job, spec));
 
+  // The staleness compensation's default depends on the device: the weight prediction runs on
+  // host parameters only, so a GPU job that does not ask for one runs the plain recurrence.
+  if (!job.train().has_staleness_compensation() && job.model().device() == config::Model::CUDA) {
+    job.mutable_train()->set_staleness_compensation(config::NONE);
+  }
   const std::set<std::string> filled = FillDefaults(&job);
   Validator(path, &tree, applied, filled).Run(job);
   return job;

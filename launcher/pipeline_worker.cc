@@ -1,8 +1,9 @@
 // The pipeline-parallel SDPipe job: M stages x N pipelines (rank = pipeline * M + stage).
 //
-// Full synchronizations are fixed by step count: at every P-th step (sdpipe.period), at the last
-// step of each epoch and at the job's last step, each stage averages over ALL its replicas
-// without asking the scheduler; the other steps take the scheduler's windowed (normal) rounds.
+// Full synchronizations are fixed by step count: at every P-th step (sdpipe.period), at every
+// evaluation point (the last step of each epoch, every train.eval_every_steps steps, the job's
+// last step), each stage averages over ALL its replicas without asking the scheduler; the other
+// steps take the scheduler's windowed (normal) rounds.
 // Every rank knows these steps, so every stage of every pipeline synchronizes and evaluates at
 // the same step. The scheduler's own connect rounds and barriers are not used here: they wait
 // for arrivals, and a replica that has moved on to a full synchronization (waiting for this
@@ -70,36 +71,44 @@ class DatasetMicroBatches : public train::MicroBatchSource {
 class StageGroups : public train::GroupSource {
  public:
   StageGroups(train::GroupSchedulerClient& client, int stage, int pipelines, int period,
-              int64_t steps_per_epoch, int64_t total_steps, double timeout_s)
+              const train::RunPlan& plan, double timeout_s)
       : client_(client),
         stage_(stage),
         all_(pipelines),
         period_(period),
-        steps_per_epoch_(steps_per_epoch),
-        total_steps_(total_steps),
+        plan_(plan),
         timeout_s_(timeout_s) {
     std::iota(all_.begin(), all_.end(), 0);
-    last_request_ = total_steps;
+    last_request_ = plan.total_steps();
     while (last_request_ > 0 && FullSync(last_request_)) --last_request_;
   }
-  // Steps (1, 2, ...) that average over every replica.
+  // Steps (1, 2, ...) that average over every replica: every P-th, and every evaluation point
+  // (each epoch's end, every eval_every_steps, the last step).
   bool FullSync(int64_t step) const {
-    return step % period_ == 0 || step % steps_per_epoch_ == 0 || step == total_steps_;
-  }
-  bool EpochEnd(int64_t step) const {
-    return step % steps_per_epoch_ == 0 || step == total_steps_;
+    return step % period_ == 0 || plan_.EvaluatesAfter(step);
   }
   train::GroupDecision Next(int64_t step) override {
     if (!FullSync(step)) {
-      return client_.Request(stage_, step, Deadline::After(timeout_s_), step == last_request_);
+      sent_last_ = step == last_request_;
+      return client_.Request(stage_, step, Deadline::After(timeout_s_), sent_last_);
     }
     train::GroupDecision d;
-    d.kind = EpochEnd(step) ? train::RoundKind::kBarrier : train::RoundKind::kConnect;
+    const bool epoch_end = plan_.EpochEndAt(step);
+    d.kind = epoch_end ? train::RoundKind::kBarrier : train::RoundKind::kConnect;
     d.members = all_;
-    d.epoch_end = EpochEnd(step);
-    d.epoch = static_cast<int>((step + steps_per_epoch_ - 1) / steps_per_epoch_);
-    d.stop = step == total_steps_;
+    d.epoch_end = epoch_end;
+    d.evaluate = plan_.EvaluatesAfter(step);
+    d.epoch = plan_.EpochOf(step);
+    d.stop = step == plan_.total_steps();
     return d;
+  }
+  // Stopped early (at the target): one last request, after `step`, so that the scheduler
+  // expects this rank's connection to close. Nothing to do once the last one was sent.
+  void Goodbye(int64_t step) {
+    if (!sent_last_ && last_request_ > step) {
+      client_.Request(stage_, step + 1, Deadline::After(timeout_s_), true);
+      sent_last_ = true;
+    }
   }
 
  private:
@@ -107,10 +116,103 @@ class StageGroups : public train::GroupSource {
   int stage_;
   std::vector<int> all_;
   int period_;
-  int64_t steps_per_epoch_;
-  int64_t total_steps_;
+  const train::RunPlan& plan_;
   double timeout_s_;
   int64_t last_request_ = 0;
+  bool sent_last_ = false;
+};
+
+// The pipeline stages for the shared training loop (core/train/run_loop.h): a step is one
+// global step of every stage; at the evaluation points every stage's replicas were just averaged
+// over all of them (StageGroups::FullSync), so pipeline 0's stages assemble the whole model.
+class PipelineMode : public train::TrainingMode {
+ public:
+  PipelineMode(train::PipelineTrainer& trainer, StageGroups& groups,
+               collective::GroupCommunicator& comm, const train::PipelineStage& model,
+               layers::Model& full, const data::Dataset& test, const data::InputScaling& scaling,
+               size_t offset, int stage, int stages, int pipeline, int rank, int world_size,
+               size_t eval_batch, double timeout_s)
+      : trainer_(trainer), groups_(groups), comm_(comm), model_(model), full_(full),
+        test_(test), scaling_(scaling), offset_(offset), stage_(stage), stages_(stages),
+        pipeline_(pipeline), rank_(rank), world_size_(world_size), eval_batch_(eval_batch),
+        timeout_s_(timeout_s), everyone_(world_size), assembled_(full.num_params()),
+        x_(eval_batch * test.features), labels_(eval_batch) {
+    std::iota(everyone_.begin(), everyone_.end(), 0);
+    exact_.compress = false;
+  }
+  int64_t steps() const override { return trainer_.steps(); }
+  void Step() override { trainer_.Step(); }
+  double LatestLoss() const override {
+    const auto& losses = trainer_.losses();
+    return losses.empty() ? std::numeric_limits<double>::quiet_NaN() : losses.back();
+  }
+  void PrepareEvaluation(bool) override {}
+  Result Evaluate(int64_t from) override {
+    // Pipeline 0's stages contribute their slices (the others add zeros: the sum is exact).
+    std::fill(assembled_.begin(), assembled_.end(), 0.0f);
+    if (pipeline_ == 0) {
+      std::copy(model_.params().begin(), model_.params().end(), assembled_.begin() + offset_);
+    }
+    comm_.AllReduce(assembled_, collective::ReduceOp::kSum, everyone_,
+                    Deadline::After(timeout_s_), nullptr, exact_);
+    const size_t begin = test_.count * rank_ / world_size_;
+    const size_t end = test_.count * (rank_ + 1) / world_size_;
+    layers::EvalResult local;
+    std::vector<uint32_t> indices;
+    for (size_t at = begin; at < end; at += eval_batch_) {
+      const size_t n = std::min(eval_batch_, end - at);
+      indices.resize(n);
+      std::iota(indices.begin(), indices.end(), static_cast<uint32_t>(at));
+      data::GatherBatch(test_, indices, x_.data(), labels_.data(), scaling_);
+      const layers::EvalResult r = full_.Evaluate(assembled_, x_.data(), labels_.data(), n);
+      local.loss_sum += r.loss_sum;
+      local.correct += r.correct;
+      local.count += r.count;
+    }
+    // The training loss lives in the last stages: the mean of their (group-averaged) step
+    // losses since the previous evaluation.
+    double train_loss_sum = 0, train_loss_count = 0;
+    if (stage_ == stages_ - 1) {
+      const auto& losses = trainer_.losses();
+      for (size_t i = static_cast<size_t>(from); i < losses.size(); ++i) {
+        train_loss_sum += losses[i];
+        train_loss_count += 1;
+      }
+    }
+    std::vector<float> sums = {static_cast<float>(local.loss_sum),
+                               static_cast<float>(local.correct),
+                               static_cast<float>(local.count),
+                               static_cast<float>(train_loss_sum),
+                               static_cast<float>(train_loss_count)};
+    comm_.AllReduce(sums, collective::ReduceOp::kSum, everyone_, Deadline::After(timeout_s_),
+                    nullptr, exact_);
+    Result r;
+    r.test_accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
+    r.test_loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
+    r.train_loss = sums[4] > 0 ? sums[3] / sums[4] : std::numeric_limits<double>::quiet_NaN();
+    return r;
+  }
+  void Finish(bool at_target) override {
+    if (at_target) groups_.Goodbye(trainer_.steps());
+  }
+
+ private:
+  train::PipelineTrainer& trainer_;
+  StageGroups& groups_;
+  collective::GroupCommunicator& comm_;
+  const train::PipelineStage& model_;
+  layers::Model& full_;
+  const data::Dataset& test_;
+  data::InputScaling scaling_;
+  size_t offset_;
+  int stage_, stages_, pipeline_, rank_, world_size_;
+  size_t eval_batch_;
+  double timeout_s_;
+  std::vector<int> everyone_;
+  collective::AllReduceOptions exact_;
+  std::vector<float> assembled_;
+  std::vector<float> x_;
+  std::vector<uint8_t> labels_;
 };
 
 }  // namespace
@@ -194,9 +296,8 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
           "({}) has only {} samples",
           batch, N, batch * N, data_cfg.train_images(), train_set.count);
   }
-  const int64_t total_steps = train_cfg.max_steps() > 0
-                                  ? train_cfg.max_steps()
-                                  : int64_t{train_cfg.epochs()} * steps_per_epoch;
+  const train::RunPlan plan =
+      PlanFromConfig(job, steps_per_epoch, static_cast<int64_t>(batch) * N);
   if (lead) {
     PSGD_LOG_INFO("pipesgd worker: world size {}, train.mode SDPIPE with {} pipeline stages x {} "
                   "pipelines, {} micro-batches of {} samples per step and pipeline, every "
@@ -246,8 +347,7 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
   const std::string scheduler_host = env.world_size == 1 ? "127.0.0.1" : env.master_addr;
   train::GroupSchedulerClient client(scheduler_host, static_cast<uint16_t>(port[0]), pipeline, N,
                                      env.job_token, start_deadline);
-  StageGroups groups(client, stage, N, sd.period(), steps_per_epoch, total_steps,
-                     comm_cfg.timeout_s());
+  StageGroups groups(client, stage, N, sd.period(), plan, comm_cfg.timeout_s());
 
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
                            train_cfg.weight_decay()},
@@ -260,83 +360,10 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
   topt.compression_warmup_steps = comm_cfg.warmup_steps();
   train::PipelineTrainer trainer(comm, layout, model, sgd, data, groups, topt);
 
-  const int epochs = static_cast<int>((total_steps + steps_per_epoch - 1) / steps_per_epoch);
-  const auto train_start = Clock::now();
-  auto epoch_start = train_start;
-  int64_t epoch_first_step = 0;
-  float final_accuracy = 0;
-  std::vector<float> assembled(full.num_params());
-  std::vector<float> x(eval_batch * test_set.features);
-  std::vector<uint8_t> labels(eval_batch);
-  while (true) {
-    const train::GroupDecision d = trainer.Step();
-    if (!d.epoch_end) continue;
-
-    // Every stage's replicas are equal now: pipeline 0's stages assemble the whole model
-    // (the others add zeros, so the sum is exact), and every rank evaluates its test shard.
-    const double train_s = Seconds(epoch_start);
-    std::fill(assembled.begin(), assembled.end(), 0.0f);
-    if (pipeline == 0) {
-      std::copy(model.params().begin(), model.params().end(), assembled.begin() + offset);
-    }
-    comm.AllReduce(assembled, collective::ReduceOp::kSum, everyone,
-                   Deadline::After(comm_cfg.timeout_s()), nullptr, exact);
-    const size_t begin = test_set.count * env.rank / env.world_size;
-    const size_t end = test_set.count * (env.rank + 1) / env.world_size;
-    layers::EvalResult local;
-    std::vector<uint32_t> indices;
-    for (size_t at = begin; at < end; at += eval_batch) {
-      const size_t n = std::min(eval_batch, end - at);
-      indices.resize(n);
-      std::iota(indices.begin(), indices.end(), static_cast<uint32_t>(at));
-      data::GatherBatch(test_set, indices, x.data(), labels.data(), scaling);
-      const layers::EvalResult r = full.Evaluate(assembled, x.data(), labels.data(), n);
-      local.loss_sum += r.loss_sum;
-      local.correct += r.correct;
-      local.count += r.count;
-    }
-    // The training loss lives in the last stages: the mean of their (group-averaged) step
-    // losses over the epoch.
-    double train_loss_sum = 0, train_loss_count = 0;
-    if (stage == M - 1) {
-      const auto& losses = trainer.losses();
-      for (size_t i = static_cast<size_t>(epoch_first_step); i < losses.size(); ++i) {
-        train_loss_sum += losses[i];
-        train_loss_count += 1;
-      }
-    }
-    std::vector<float> sums = {static_cast<float>(local.loss_sum),
-                               static_cast<float>(local.correct),
-                               static_cast<float>(local.count),
-                               static_cast<float>(train_loss_sum),
-                               static_cast<float>(train_loss_count)};
-    comm.AllReduce(sums, collective::ReduceOp::kSum, everyone,
-                   Deadline::After(comm_cfg.timeout_s()), nullptr, exact);
-    const double accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
-    const double test_loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
-    const double train_loss = sums[4] > 0 ? sums[3] / sums[4] : 0.0;
-    final_accuracy = static_cast<float>(accuracy);
-    const int64_t steps = trainer.steps() - epoch_first_step;
-    const double samples_per_s = static_cast<double>(steps) * batch * N / train_s;
-    const double wall_s = Seconds(train_start);
-    if (lead) {
-      PSGD_LOG_INFO("epoch {}/{}: train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.4f}  "
-                    "{:.0f} samples/s  wall {:.1f} s",
-                    d.epoch, epochs, train_loss, test_loss, accuracy, samples_per_s, wall_s);
-      if (out) {
-        out->AppendMetrics({{"epoch", d.epoch},
-                            {"steps", trainer.steps()},
-                            {"train_loss", train_loss},
-                            {"test_loss", test_loss},
-                            {"test_accuracy", accuracy},
-                            {"samples_per_s", samples_per_s},
-                            {"wall_s", wall_s}});
-      }
-    }
-    epoch_first_step = trainer.steps();
-    epoch_start = Clock::now();
-    if (d.stop) break;
-  }
+  PipelineMode mode(trainer, groups, comm, model, full, test_set, scaling, offset, stage, M,
+                    pipeline, env.rank, env.world_size, eval_batch, comm_cfg.timeout_s());
+  LeadReporter reporter(lead, out.get(), /*show_wire=*/false);
+  const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
 
   const double wall_s = Seconds(start);
   if (lead) {
@@ -352,25 +379,20 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
                              {"scheduler_rounds", decisions.size()},
                              {"scheduler_group_sizes", hist}});
     }
-    PSGD_LOG_INFO("final test accuracy: {:.4f} ({} steps, {:.1f} s); per stage: {}",
-                  final_accuracy, trainer.steps(), wall_s, stages_json.dump());
+    LogFinal(outcome, plan, wall_s);
+    PSGD_LOG_INFO("per stage: {}", stages_json.dump());
     if (out) {
-      nlohmann::json summary = {{"final_test_accuracy", final_accuracy},
-                                {"wall_s", wall_s},
-                                {"train_wall_s", Seconds(train_start)},
-                                {"steps", trainer.steps()},
-                                {"world_size", env.world_size},
-                                {"mode", "SDPIPE"},
-                                {"pipeline_stages", M},
-                                {"pipelines", N},
-                                {"micro_batches", m},
-                                {"stages", stages_json},
-                                {"rank0_rounds_alone", trainer.skipped()},
-                                {"rank0_p2p_bytes", trainer.p2p_bytes_sent()},
-                                {"rank0_sync_wire_bytes", trainer.sync_wire_bytes()},
-                                {"transport", comm.transport().name()},
-                                {"config", ConfigAsJson(job)}};
-      out->WriteSummary(summary);
+      SummaryInputs in{"SDPIPE", env.world_size, env.world_size,
+                       static_cast<int64_t>(batch) * N, plan.target_accuracy, wall_s,
+                       comm.transport().name(), trainer.p2p_bytes_sent() + trainer.sync_wire_bytes()};
+      out->WriteSummary(Summary(in, outcome, job,
+                                {{"pipeline_stages", M},
+                                 {"pipelines", N},
+                                 {"micro_batches", m},
+                                 {"stages", stages_json},
+                                 {"rank0_rounds_alone", trainer.skipped()},
+                                 {"rank0_p2p_bytes", trainer.p2p_bytes_sent()},
+                                 {"rank0_sync_wire_bytes", trainer.sync_wire_bytes()}}));
     }
   }
 }

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -26,14 +26,55 @@ namespace pipesgd::launcher {
 namespace {
 
 using detail::Clock;
+using detail::LeadReporter;
+using detail::LogFinal;
+using detail::PlanFromConfig;
 using detail::Seconds;
+using detail::Summary;
+using detail::SummaryInputs;
 
-void WriteText(const std::filesystem::path& path, const std::string& text, bool append) {
-  std::ofstream out(path, append ? std::ios::app : std::ios::trunc);
-  out << text;
-  out.flush();
-  if (!out) Throw(ErrorCode::kIo, "cannot write {}", path.string());
-}
+// A parameter-server worker for the shared training loop (core/train/run_loop.h). Every worker
+// evaluates its shard of the test set with the weights it holds (PS_SYNC: the same on every
+// worker; PS_ASYNC: each worker's latest pull) and the sums go through the server.
+class PsWorkerMode : public train::TrainingMode {
+ public:
+  PsWorkerMode(train::PsWorker& worker, train::ClassifierTask& task, std::span<const float> params,
+               const data::Dataset& test, int shard, int workers)
+      : worker_(worker), task_(task), params_(params), test_(test), shard_(shard),
+        workers_(workers) {}
+  int64_t steps() const override { return worker_.steps(); }
+  void Step() override { worker_.Step(); }
+  double LatestLoss() const override { return worker_.StepLoss(worker_.steps() - 1); }
+  void PrepareEvaluation(bool) override {}
+  Result Evaluate(int64_t from) override {
+    double loss_sum = 0;
+    for (int64_t t = from; t < worker_.steps(); ++t) loss_sum += worker_.StepLoss(t);
+    const layers::EvalResult local = task_.EvaluateShard(params_, test_, shard_, workers_);
+    std::vector<float> sums = {static_cast<float>(loss_sum), static_cast<float>(local.loss_sum),
+                               static_cast<float>(local.correct), static_cast<float>(local.count)};
+    worker_.SumOverWorkers(sums);
+    Result r;
+    const int64_t steps = worker_.steps() - from;
+    r.train_loss = steps > 0 ? sums[0] / (workers_ * static_cast<double>(steps))
+                             : std::numeric_limits<double>::quiet_NaN();
+    r.test_accuracy = sums[3] > 0 ? sums[2] / sums[3] : 0.0;
+    r.test_loss = sums[3] > 0 ? sums[1] / sums[3] : 0.0;
+    // What this worker sent per step since the previous evaluation (push: header + gradient).
+    const uint64_t sent = worker_.bytes_sent();
+    r.wire_bytes_per_step = steps > 0 ? static_cast<double>(sent - sent_before_) / steps : 0;
+    sent_before_ = sent;
+    return r;
+  }
+
+ private:
+  train::PsWorker& worker_;
+  train::ClassifierTask& task_;
+  std::span<const float> params_;
+  const data::Dataset& test_;
+  int shard_;
+  int workers_;
+  uint64_t sent_before_ = 0;
+};
 
 }  // namespace
 
@@ -71,14 +112,9 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
                     config::Comm::Compression_Name(comm_cfg.compression()), mode_name);
     }
   }
-  std::filesystem::path out_dir;
-  if (lead && !args.out_dir.empty()) {
-    out_dir = args.out_dir;
-    std::error_code ec;
-    std::filesystem::create_directories(out_dir, ec);
-    if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", args.out_dir, ec.message());
-    WriteText(out_dir / "metrics.jsonl", "", false);
-  }
+  // The lead worker claims the output directory before anything slow (a bad --out fails at once).
+  std::unique_ptr<detail::OutputDir> out;
+  if (lead && !args.out_dir.empty()) out = std::make_unique<detail::OutputDir>(args.out_dir);
 
   const detail::JobData sets = detail::LoadJobData(job);
   const data::Dataset& train_set = sets.train;
@@ -97,9 +133,6 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
           "has only {} samples",
           batch, workers, batch * workers, data_cfg.train_images(), train_set.count);
   }
-  const int64_t max_steps = train_cfg.max_steps() > 0
-                                ? train_cfg.max_steps()
-                                : static_cast<int64_t>(train_cfg.epochs()) * steps_per_epoch;
   if (lead) {
     PSGD_LOG_INFO("model: {}", model->Describe());
     PSGD_LOG_INFO("data: {} training samples ({} steps per epoch of global batch {}), {} test "
@@ -142,41 +175,12 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
   }
   train::PsWorker worker(*links.transport, *links.connections[0], task, params, env.rank, options);
   worker.set_timeline(recorder.get());
-  const auto train_start = Clock::now();
-  float final_accuracy = 0;
-  const int epochs = train_cfg.epochs();
-  for (int epoch = 0; epoch < epochs && worker.steps() < max_steps; ++epoch) {
-    const auto epoch_start = Clock::now();
-    const int64_t first = worker.steps();
-    const int64_t last = std::min<int64_t>(first + steps_per_epoch, max_steps);
-    for (int64_t t = first; t < last; ++t) worker.Step();
-    const double train_s = Seconds(epoch_start);
-    double loss_sum = 0;
-    for (int64_t t = first; t < last; ++t) loss_sum += worker.StepLoss(t);
-    const layers::EvalResult local = task.EvaluateShard(params, test_set, shard, workers);
-    std::vector<float> sums = {static_cast<float>(loss_sum), static_cast<float>(local.loss_sum),
-                               static_cast<float>(local.correct), static_cast<float>(local.count)};
-    worker.SumOverWorkers(sums);
-    const double train_loss = sums[0] / (workers * static_cast<double>(last - first));
-    const double accuracy = sums[3] > 0 ? sums[2] / sums[3] : 0.0;
-    const double test_loss = sums[3] > 0 ? sums[1] / sums[3] : 0.0;
-    final_accuracy = static_cast<float>(accuracy);
-    const double samples_per_s = (last - first) * batch * workers / train_s;
-    const double wall_s = Seconds(train_start);
-    if (lead) {
-      PSGD_LOG_INFO("epoch {}/{}: train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.4f}  "
-                    "{:.0f} samples/s  wall {:.1f} s",
-                    epoch + 1, epochs, train_loss, test_loss, accuracy, samples_per_s, wall_s);
-      if (!out_dir.empty()) {
-        nlohmann::json line = {{"epoch", epoch + 1},          {"steps", last},
-                               {"train_loss", train_loss},    {"test_loss", test_loss},
-                               {"test_accuracy", accuracy},   {"samples_per_s", samples_per_s},
-                               {"wall_s", wall_s},            {"wire_bytes_per_step", 8.0 * params.size() + 2 * 4 + 64},
-                               {"compression_ratio", 1.0}};
-        WriteText(out_dir / "metrics.jsonl", line.dump() + "\n", true);
-      }
-    }
-  }
+  PsWorkerMode mode(worker, task, params, test_set, shard, workers);
+  LeadReporter reporter(lead, out.get(), /*show_wire=*/false);
+  const int64_t global_batch = static_cast<int64_t>(batch) * workers;
+  const train::RunPlan plan =
+      PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch), global_batch);
+  const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
   worker.Bye();
   if (recorder) {
     const std::string file = timeline::RankFile(args.timeline, env.rank, env.world_size);
@@ -184,18 +188,12 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
     PSGD_LOG_INFO("rank {}: timeline: {} spans written to {}", env.rank, recorder->size(), file);
   }
   if (lead) {
-    PSGD_LOG_INFO("final test accuracy: {:.4f} ({} steps, {:.1f} s)", final_accuracy,
-                  worker.steps(), Seconds(start));
-    if (!out_dir.empty()) {
-      nlohmann::json summary = {{"final_test_accuracy", final_accuracy},
-                                {"wall_s", Seconds(start)},
-                                {"train_wall_s", Seconds(train_start)},
-                                {"steps", worker.steps()},
-                                {"world_size", env.world_size},
-                                {"workers", workers},
-                                {"mode", mode_name},
-                                {"transport", links.transport->name()}};
-      WriteText(out_dir / "summary.json", summary.dump(2) + "\n", false);
+    const double wall_s = Seconds(start);
+    LogFinal(outcome, plan, wall_s);
+    if (out) {
+      SummaryInputs in{mode_name, env.world_size, workers, global_batch, plan.target_accuracy,
+                       wall_s, links.transport->name(), worker.bytes_sent()};
+      out->WriteSummary(Summary(in, outcome, job, {{"server_rank", 0}}));
     }
   }
 }

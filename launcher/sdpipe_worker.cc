@@ -1,6 +1,7 @@
 #include "launcher/sdpipe_worker.h"
 #include "launcher/model_builder.h"
 
+#include <limits>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -32,6 +33,67 @@ class ClientGroups : public train::GroupSource {
  private:
   train::GroupSchedulerClient& client_;
   double timeout_s_;
+};
+
+// SDPIPE for the shared training loop (core/train/run_loop.h): a step is one local round; the
+// evaluation points are the scheduler's barriers (the epoch's, and those the plan arms every
+// eval_every_steps global steps), after which every rank holds the same parameters.
+class SdpipeMode : public train::TrainingMode {
+ public:
+  SdpipeMode(train::SdpipeTrainer& trainer, train::ClassifierTask& task,
+             std::span<const float> params, const data::Dataset& test, int rank, int world_size,
+             train::GroupSchedulerClient& client, double timeout_s)
+      : trainer_(trainer), task_(task), params_(params), test_(test), rank_(rank),
+        world_size_(world_size), client_(client), timeout_s_(timeout_s) {}
+  int64_t steps() const override { return trainer_.steps(); }
+  void Step() override { last_ = trainer_.Step(); }
+  train::RunPoint Point(const train::RunPlan&) const override {
+    // A barrier's updates can pass the boundary by up to N-1 local steps (rounds are whole).
+    return {last_.updates / world_size_, last_.evaluate, last_.epoch_end, last_.stop,
+            last_.epoch_end ? last_.epoch : last_.epoch + 1};
+  }
+  double LatestLoss() const override {
+    return trainer_.losses().empty() ? std::numeric_limits<double>::quiet_NaN()
+                                     : trainer_.losses().back();
+  }
+  void PrepareEvaluation(bool) override {}
+  Result Evaluate(int64_t from) override {
+    const layers::EvalResult local = task_.EvaluateShard(params_, test_, rank_, world_size_);
+    const auto& losses = trainer_.losses();
+    double loss_sum = 0;
+    for (size_t i = static_cast<size_t>(from); i < losses.size(); ++i) loss_sum += losses[i];
+    std::vector<float> sums = {static_cast<float>(local.loss_sum),
+                               static_cast<float>(local.correct),
+                               static_cast<float>(local.count), static_cast<float>(loss_sum),
+                               static_cast<float>(losses.size() - static_cast<size_t>(from))};
+    trainer_.AllReduceAll(sums, collective::ReduceOp::kSum);
+    Result r;
+    r.test_accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
+    r.test_loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
+    r.train_loss = sums[4] > 0 ? sums[3] / sums[4] : std::numeric_limits<double>::quiet_NaN();
+    const uint64_t wire = trainer_.wire_bytes();
+    const double rounds = static_cast<double>(trainer_.steps() - from);
+    r.wire_bytes_per_step = rounds > 0 ? static_cast<double>(wire - wire_before_) / rounds : 0;
+    wire_before_ = wire;
+    return r;
+  }
+  // Stopped at the target before the job's last round: one last request closes this rank's
+  // scheduler connection as expected (its answer is not used).
+  void Finish(bool at_target) override {
+    if (at_target) client_.Request(0, trainer_.steps() + 1, Deadline::After(timeout_s_), true);
+  }
+
+ private:
+  train::SdpipeTrainer& trainer_;
+  train::ClassifierTask& task_;
+  std::span<const float> params_;
+  const data::Dataset& test_;
+  int rank_;
+  int world_size_;
+  train::GroupSchedulerClient& client_;
+  double timeout_s_;
+  train::GroupDecision last_;
+  uint64_t wire_before_ = 0;
 };
 
 }  // namespace
@@ -86,9 +148,6 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
           train_set.count);
   }
   const int64_t n = env.world_size;
-  const int64_t total_steps = train_cfg.max_steps() > 0
-                                  ? train_cfg.max_steps()
-                                  : int64_t{train_cfg.epochs()} * steps_per_epoch;
   if (lead) {
     PSGD_LOG_INFO("model: {}", model->Describe());
     PSGD_LOG_INFO("data: {} training samples ({} steps per epoch of {} samples per rank, {} "
@@ -115,8 +174,11 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
   sopt.window_grow = sd.window_grow();
   sopt.window_shrink = sd.window_shrink();
   sopt.min_group = sd.min_group();
+  const train::RunPlan plan = PlanFromConfig(job, steps_per_epoch,
+                                             static_cast<int64_t>(batch) * env.world_size);
   sopt.epoch_updates = steps_per_epoch * n;
-  sopt.total_updates = total_steps * n;
+  sopt.total_updates = plan.total_steps() * n;
+  sopt.eval_updates = plan.eval_every_steps * n;
   std::unique_ptr<train::GroupSchedulerService> service;
   std::vector<float> port = {0.0f};
   if (lead) {
@@ -143,67 +205,10 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
   train::SdpipeTrainer trainer(comm, objective, sgd, params, groups,
                                {comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
 
-  const int epochs = static_cast<int>((total_steps + steps_per_epoch - 1) / steps_per_epoch);
-  const int progress = train_cfg.progress_per_epoch();
-  const auto train_start = Clock::now();
-  auto epoch_start = train_start;
-  int64_t epoch_first_round = 0;  // this rank's rounds before the epoch
-  int64_t updates_before = 0;     // every rank's local steps before the epoch
-  float final_accuracy = 0;
-  int64_t next_progress = progress > 0 ? steps_per_epoch / (progress + 1) : -1;
-  while (true) {
-    const train::GroupDecision d = trainer.Step();
-    const int64_t round_in_epoch = trainer.steps() - epoch_first_round;
-    if (lead && next_progress > 0 && round_in_epoch == next_progress && !d.epoch_end) {
-      next_progress += steps_per_epoch / (progress + 1);
-      PSGD_LOG_INFO("epoch {}/{}: rank 0 step {}: loss {:.4f} (group of {}), {} local steps in "
-                    "all ranks",
-                    d.epoch + 1, epochs, round_in_epoch, trainer.losses().back(),
-                    d.members.size(), d.updates);
-    }
-    if (!d.epoch_end) continue;
-
-    // The barrier averaged everyone: every rank holds the same parameters now.
-    const double train_s = Seconds(epoch_start);
-    layers::EvalResult local = task.EvaluateShard(params, test_set, env.rank, env.world_size);
-    std::vector<float> sums = {static_cast<float>(local.loss_sum),
-                               static_cast<float>(local.correct),
-                               static_cast<float>(local.count)};
-    trainer.AllReduceAll(sums, collective::ReduceOp::kSum);
-    const double accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
-    const double test_loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
-    final_accuracy = static_cast<float>(accuracy);
-    const auto& losses = trainer.losses();
-    double loss_sum = 0;
-    for (size_t i = static_cast<size_t>(epoch_first_round); i < losses.size(); ++i) {
-      loss_sum += losses[i];
-    }
-    const double train_loss = loss_sum / std::max<double>(1, losses.size() - epoch_first_round);
-    const int64_t updates = d.updates - updates_before;
-    const double samples_per_s = static_cast<double>(updates) * batch / train_s;
-    const double wall_s = Seconds(train_start);
-    if (lead) {
-      PSGD_LOG_INFO("epoch {}/{}: train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.4f}  "
-                    "{:.0f} samples/s  wall {:.1f} s  rank 0: {} rounds, {} alone",
-                    d.epoch, epochs, train_loss, test_loss, accuracy, samples_per_s, wall_s,
-                    trainer.steps() - epoch_first_round, trainer.skipped());
-      if (out) {
-        out->AppendMetrics({{"epoch", d.epoch},
-                            {"steps", d.updates / n},
-                            {"local_steps_all_ranks", d.updates},
-                            {"train_loss", train_loss},
-                            {"test_loss", test_loss},
-                            {"test_accuracy", accuracy},
-                            {"samples_per_s", samples_per_s},
-                            {"wall_s", wall_s}});
-      }
-    }
-    epoch_first_round = trainer.steps();
-    updates_before = d.updates;
-    next_progress = progress > 0 ? steps_per_epoch / (progress + 1) : -1;
-    epoch_start = Clock::now();
-    if (d.stop) break;
-  }
+  SdpipeMode mode(trainer, task, params, test_set, env.rank, env.world_size, client,
+                  comm_cfg.timeout_s());
+  LeadReporter reporter(lead, out.get(), /*show_wire=*/false);
+  const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
 
   const double wall_s = Seconds(start);
   if (lead) {
@@ -216,27 +221,21 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
     }
     nlohmann::json size_hist = nlohmann::json::object();
     for (const auto& [size, count] : sizes) size_hist[std::to_string(size)] = count;
-    PSGD_LOG_INFO("final test accuracy: {:.4f} ({} local steps in all ranks, {} rounds, {:.1f} "
-                  "s); group sizes {}",
-                  final_accuracy, decisions.empty() ? 0 : decisions.back().updates,
-                  decisions.size(), wall_s, size_hist.dump());
+    LogFinal(outcome, plan, wall_s);
+    PSGD_LOG_INFO("SDPIPE: {} local steps in all ranks, {} rounds; group sizes {}",
+                  decisions.empty() ? 0 : decisions.back().updates, decisions.size(),
+                  size_hist.dump());
     if (out) {
-      nlohmann::json summary = {{"final_test_accuracy", final_accuracy},
-                                {"wall_s", wall_s},
-                                {"train_wall_s", Seconds(train_start)},
-                                {"steps", decisions.empty() ? 0 : decisions.back().updates / n},
-                                {"local_steps_all_ranks",
-                                 decisions.empty() ? 0 : decisions.back().updates},
-                                {"world_size", env.world_size},
-                                {"mode", "SDPIPE"},
-                                {"rounds", decisions.size()},
-                                {"rounds_by_kind", kinds},
-                                {"group_sizes", size_hist},
-                                {"rank0_rounds_alone", trainer.skipped()},
-                                {"rank0_wire_bytes", trainer.wire_bytes()},
-                                {"transport", comm.transport().name()},
-                                {"config", ConfigAsJson(job)}};
-      out->WriteSummary(summary);
+      SummaryInputs in{"SDPIPE", env.world_size, env.world_size,
+                       static_cast<int64_t>(batch) * env.world_size, plan.target_accuracy,
+                       wall_s, comm.transport().name(), trainer.wire_bytes()};
+      out->WriteSummary(Summary(
+          in, outcome, job,
+          {{"local_steps_all_ranks", decisions.empty() ? 0 : decisions.back().updates},
+           {"rounds", decisions.size()},
+           {"rounds_by_kind", kinds},
+           {"group_sizes", size_hist},
+           {"rank0_rounds_alone", trainer.skipped()}}));
     }
   }
 }

@@ -15,7 +15,6 @@
 #include <memory>
 #include <optional>
 
-#include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
 
 #include "core/base/check.h"
@@ -36,6 +35,7 @@
 #include "launcher/config.h"
 #include "launcher/model_builder.h"
 #include "launcher/pipeline_worker.h"
+#include "launcher/ring_mode.h"
 #include "launcher/sdpipe_worker.h"
 #include "launcher/worker_detail.h"
 #include "layers/model.h"
@@ -128,36 +128,6 @@ JobData LoadJobData(const config::Job& job) {
   return sets;
 }
 
-nlohmann::json ConfigAsJson(const config::Job& job) {
-  std::string text;
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(job, &text, options);
-  return nlohmann::json::parse(text);
-}
-
-// Writes to a temporary file, then renames it over `path`, so a reader never sees half a file.
-void WriteFileAtomically(const std::filesystem::path& path, const std::string& contents) {
-  auto tmp = path;
-  tmp += ".tmp";
-  std::FILE* out = std::fopen(tmp.c_str(), "w");
-  bool ok = out && std::fwrite(contents.data(), 1, contents.size(), out) == contents.size();
-  const int err = errno;
-  if (out && std::fclose(out) != 0) ok = false;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    Throw(ErrorCode::kIo, "cannot write {}: {}", tmp.string(), std::strerror(err));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    Throw(ErrorCode::kIo, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
-  }
-}
-
-
 collective::CommunicatorOptions CommunicatorOptionsFromConfig(const config::Job& job) {
   static_assert(static_cast<int>(CodecKind::kTrunc16) == config::Comm::trunc16 &&
                 static_cast<int>(CodecKind::kFp16) == config::Comm::fp16 &&
@@ -185,6 +155,19 @@ ConnectedTransport TransportForEveryone(const JobEnv& env, const config::Job& jo
   }
   return ConnectTransport(env, JobDescription(job), comm_cfg.streams(), comm_cfg, peers,
                           start_deadline, fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
+}
+
+train::StalenessCompensation CompensationFromConfig(config::StalenessCompensation c) {
+  switch (c) {
+    case config::NONE:
+      return train::StalenessCompensation::kNone;
+    case config::MOMENTUM:
+      return train::StalenessCompensation::kMomentum;
+    case config::LOCAL_GRADIENT:
+      return train::StalenessCompensation::kLocalGradient;
+  }
+  Throw(ErrorCode::kInvalidArgument, "train.staleness_compensation = {}: unknown",
+        static_cast<int>(c));
 }
 
 train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size) {
@@ -589,6 +572,8 @@ void RunWorker(const WorkerArgs& args) {
     task.set_timeline(recorder.get());
   }
   train::TrainerOptions trainer_options{width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()};
+  trainer_options.compensation = CompensationFromConfig(train_cfg.staleness_compensation());
+  trainer_options.sync_warmup_steps = train_cfg.sync_warmup_steps();
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
   // GPU gradients stay in device slots, AllReduced staged through pinned host lanes
   // (core/cuda/cuda_gradients.h); error feedback keeps a per-call residual that segments would
@@ -620,7 +605,9 @@ void RunWorker(const WorkerArgs& args) {
     snapshot.applied = resumed->applied();
     snapshot.losses.assign(resumed->losses().begin(), resumed->losses().end());
     for (const auto& p : resumed->pending()) {
-      snapshot.pending.push_back({p.step(), {p.aggregate().begin(), p.aggregate().end()}});
+      snapshot.pending.push_back({p.step(),
+                                  {p.aggregate().begin(), p.aggregate().end()},
+                                  {p.local().begin(), p.local().end()}});
     }
     trainer.Restore(snapshot);
     if (lead) {
@@ -661,6 +648,7 @@ void RunWorker(const WorkerArgs& args) {
       auto* pending = c.add_pending();
       pending->set_step(p.step);
       pending->mutable_aggregate()->Add(p.aggregate.begin(), p.aggregate.end());
+      pending->mutable_local()->Add(p.local.begin(), p.local.end());
     }
     train::WriteCheckpoint(ckpt_dir, c, ckpt_cfg.keep());
     saved_step = snapshot.steps;
@@ -670,114 +658,24 @@ void RunWorker(const WorkerArgs& args) {
     }
   };
 
-  const int epochs = train_cfg.epochs();
-  const int64_t max_steps = train_cfg.max_steps() > 0
-                                ? train_cfg.max_steps()
-                                : static_cast<int64_t>(epochs) * steps_per_epoch;
-  const int progress = train_cfg.progress_per_epoch();
-  const auto train_start = Clock::now();
-  float final_accuracy = 0;
-  bool evaluated = false;
-  train::WireTotals wire_before;  // at the start of the epoch
-  auto evaluate = [&] {
-    layers::EvalResult local;
+  auto evaluate_shard = [&]() -> layers::EvalResult {
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
-    if (gpu_task) {
-      local = gpu_task->EvaluateShard(params, test_set, env.rank, env.world_size);
-    } else
+    if (gpu_task) return gpu_task->EvaluateShard(params, test_set, env.rank, env.world_size);
 #endif
-    {
-      local = task.EvaluateShard(params, test_set, env.rank, env.world_size);
-    }
-    std::vector<float> sums = {static_cast<float>(local.loss_sum),
-                               static_cast<float>(local.correct),
-                               static_cast<float>(local.count)};
-    trainer.AllReduce(sums, collective::ReduceOp::kSum);
-    evaluated = true;
-    return std::pair<double, double>(sums[2] > 0 ? sums[1] / sums[2] : 0.0,
-                                     sums[2] > 0 ? sums[0] / sums[2] : 0.0);
+    return task.EvaluateShard(params, test_set, env.rank, env.world_size);
   };
+  RingMode mode(trainer, evaluate_shard, save_checkpoint, ckpt_cfg, env.rank, comm_cfg);
+  LeadReporter reporter(lead, out.get(), /*show_wire=*/true);
+  const train::RunPlan plan =
+      PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch),
+                     static_cast<int64_t>(batch) * env.world_size);
+  if (lead && trainer.steps() >= plan.total_steps()) {
+    PSGD_LOG_INFO("nothing to train: the checkpoint is at step {} of {}", trainer.steps(),
+                  plan.total_steps());
+  }
+  train::RunOutcome outcome;
   try {
-    const int first_epoch = static_cast<int>(trainer.steps() / static_cast<int64_t>(steps_per_epoch));
-    for (int epoch = first_epoch; epoch < epochs && trainer.steps() < max_steps; ++epoch) {
-      const auto epoch_start = Clock::now();
-      const int64_t epoch_first = static_cast<int64_t>(epoch) * steps_per_epoch;
-      const int64_t first = trainer.steps();  // epoch_first, unless resumed mid-epoch
-      const int64_t last = std::min<int64_t>(epoch_first + steps_per_epoch, max_steps);
-      for (int64_t t = first; t < last; ++t) {
-        trainer.Step();
-        if (ckpt_cfg.every_steps() > 0 && trainer.steps() % ckpt_cfg.every_steps() == 0) {
-          save_checkpoint();
-        }
-        const int64_t done = t + 1 - epoch_first;
-        const int64_t total = last - epoch_first;
-        // `progress` lines, evenly spaced, none at the very end (the epoch line follows).
-        if (lead && progress > 0 && done < total &&
-            done * (progress + 1) / total != (done - 1) * (progress + 1) / total) {
-          const float loss = trainer.StepLoss(trainer.applied() - 1);
-          PSGD_LOG_INFO("epoch {}/{} step {}/{}: loss {:.4f}, {:.0f} samples/s", epoch + 1,
-                        epochs, done, total, loss,
-                        (t + 1 - first) * batch * env.world_size / Seconds(epoch_start));
-        }
-      }
-      const double train_s = Seconds(epoch_start);
-      const bool final_epoch = epoch + 1 == epochs || trainer.steps() >= max_steps;
-      // At the end the pending aggregates are applied so no computed gradient is lost;
-      // in between, the pipeline keeps flowing across the epoch boundary.
-      if (final_epoch) trainer.Drain(true); else trainer.Sync();
-      double loss_sum = 0;
-      for (int64_t t = epoch_first; t < last; ++t) loss_sum += trainer.StepLoss(t);
-      const double train_loss = loss_sum / static_cast<double>(last - epoch_first);
-      // Bytes this rank put on the wire per gradient AllReduce during the epoch.
-      const train::WireTotals wire = trainer.wire_totals();
-      const int64_t wire_steps = std::max<int64_t>(1, wire.steps - wire_before.steps);
-      const double wire_bytes_per_step =
-          static_cast<double>(wire.bytes_sent - wire_before.bytes_sent) / wire_steps;
-      const uint64_t payload = wire.payload_bytes - wire_before.payload_bytes;
-      const double compression_ratio =
-          payload == 0 ? 1.0
-                       : static_cast<double>(wire.raw_payload_bytes - wire_before.raw_payload_bytes) /
-                             payload;
-      if (wire.saturated > wire_before.saturated) {
-        PSGD_LOG_WARN("rank {}: epoch {}: {} gradient elements were beyond the codec's range and "
-                      "were clamped (comm.compression = {}; fp16 saturates at +-65504)",
-                      env.rank, epoch + 1, wire.saturated - wire_before.saturated,
-                      config::Comm::Compression_Name(comm_cfg.compression()));
-      }
-      wire_before = wire;
-
-      const auto [accuracy, test_loss] = evaluate();
-      final_accuracy = static_cast<float>(accuracy);
-      const double samples_per_s = (last - first) * batch * env.world_size / train_s;
-      const double wall_s = Seconds(train_start);
-      if (lead) {
-        PSGD_LOG_INFO("epoch {}/{}: train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.4f}  "
-                      "{:.0f} samples/s  wall {:.1f} s  wire {:.3f} MB/step (compression {:.2f}x)",
-                      epoch + 1, epochs, train_loss, test_loss, accuracy, samples_per_s, wall_s,
-                      wire_bytes_per_step / 1e6, compression_ratio);
-        if (out) {
-          out->AppendMetrics({{"epoch", epoch + 1},
-                              {"steps", last},
-                              {"train_loss", train_loss},
-                              {"test_loss", test_loss},
-                              {"test_accuracy", accuracy},
-                              {"samples_per_s", samples_per_s},
-                              {"wall_s", wall_s},
-                              {"wire_bytes_per_step", wire_bytes_per_step},
-                              {"compression_ratio", compression_ratio}});
-        }
-      }
-      if (ckpt_cfg.every_epochs() > 0 && (epoch + 1) % ckpt_cfg.every_epochs() == 0) {
-        save_checkpoint();
-      }
-    }
-    if (!evaluated) {
-      // Resumed from the end of a finished run: nothing to train, report where it stands.
-      if (lead) PSGD_LOG_INFO("nothing to train: the checkpoint is at step {} of {}", trainer.steps(), max_steps);
-      trainer.Drain(true);
-      final_accuracy = static_cast<float>(evaluate().first);
-    }
-    save_checkpoint();  // the final state (drained), when checkpoints are on
+    outcome = train::RunLoop(mode, plan, reporter);
   } catch (const Error& e) {
     try {
       trainer.Drain(false);
@@ -806,21 +704,19 @@ void RunWorker(const WorkerArgs& args) {
   }
   const double wall_s = Seconds(start);
   if (lead) {
-    PSGD_LOG_INFO("final test accuracy: {:.4f} ({} steps, {:.1f} s)", final_accuracy,
-                  trainer.steps(), wall_s);
+    LogFinal(outcome, plan, wall_s);
     if (out) {
-      nlohmann::json summary = {{"final_test_accuracy", final_accuracy},
-                                {"wall_s", wall_s},
-                                {"train_wall_s", Seconds(train_start)},
-                                {"steps", trainer.steps()},
-                                {"world_size", env.world_size},
-                                {"pipeline_width", width},
-                                {"transport", transport_name},
-                                {"wire_bytes", trainer.wire_totals().bytes_sent},
-                                {"compressed_steps", trainer.wire_totals().compressed_steps},
-                                {"saturated_elements", trainer.wire_totals().saturated},
-                                {"config", ConfigAsJson(job)}};
-      out->WriteSummary(summary);
+      const train::WireTotals wire = trainer.wire_totals();
+      SummaryInputs in{"RING", env.world_size, env.world_size,
+                       static_cast<int64_t>(batch) * env.world_size, plan.target_accuracy,
+                       wall_s, transport_name, wire.bytes_sent};
+      out->WriteSummary(Summary(in, outcome, job,
+                                {{"pipeline_width", width},
+                                 {"staleness_compensation",
+                                  config::StalenessCompensation_Name(
+                                      train_cfg.staleness_compensation())},
+                                 {"compressed_steps", wire.compressed_steps},
+                                 {"saturated_elements", wire.saturated}}));
     }
   }
 }

@@ -19,7 +19,9 @@
 #include "configs/pipesgd.pb.h"
 #include "core/base/error.h"
 #include "core/data/dataset.h"
+#include "core/train/run_loop.h"
 #include "core/train/straggler.h"
+#include "core/train/trainer.h"
 #include "launcher/worker.h"
 #include "layers/model.h"
 
@@ -54,6 +56,7 @@ collective::CommunicatorOptions CommunicatorOptionsFromConfig(const config::Job&
 // is comm.start_timeout_s from the worker's start. Throws what ConnectTransport throws.
 ConnectedTransport TransportForEveryone(const JobEnv& env, const config::Job& job,
                                         Deadline start_deadline);
+train::StalenessCompensation CompensationFromConfig(config::StalenessCompensation c);
 // job.straggler for this job; throws Error(kInvalidArgument) for a rank outside [0, world_size).
 train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size);
 
@@ -105,5 +108,45 @@ class OutputDir {
   int lock_fd_ = -1;
   std::FILE* metrics_ = nullptr;
 };
+
+// The run plan of job.train for a mode whose epoch has `steps_per_epoch` global steps of
+// `global_batch` samples.
+train::RunPlan PlanFromConfig(const config::Job& job, int64_t steps_per_epoch,
+                              int64_t global_batch);
+
+// What every mode reports, the same way: rank `lead` prints one line per evaluation and writes
+// it to metrics.jsonl (when `out` is set); progress lines likewise.
+class LeadReporter : public train::Reporter {
+ public:
+  // `show_wire`: the console line names the bytes per step and the compression ratio.
+  LeadReporter(bool lead, OutputDir* out, bool show_wire)
+      : lead_(lead), out_(out), show_wire_(show_wire) {}
+  void Progress(int epoch, int epochs, int64_t done, int64_t total, double loss,
+                double samples_per_s) override;
+  void Evaluated(const train::Evaluation& e, int epochs) override;
+
+ private:
+  bool lead_;
+  OutputDir* out_;
+  bool show_wire_;
+};
+
+// The last line of a run, on the lead rank.
+void LogFinal(const train::RunOutcome& outcome, const train::RunPlan& plan, double wall_s);
+
+// summary.json, the same top-level keys in every mode; what only one mode has goes in
+// "details".
+struct SummaryInputs {
+  const char* mode = "";  // RING, PS_SYNC, PS_ASYNC, SDPIPE
+  int world_size = 0;
+  int workers = 0;  // ranks that compute gradients
+  int64_t global_batch = 0;
+  double target_accuracy = 0;
+  double wall_s = 0;  // the whole worker, set-up included
+  std::string transport;
+  uint64_t wire_bytes = 0;  // what the reporting rank sent for training
+};
+nlohmann::json Summary(const SummaryInputs& in, const train::RunOutcome& outcome,
+                       const config::Job& job, nlohmann::json details);
 
 }  // namespace pipesgd::launcher::detail

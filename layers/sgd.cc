@@ -2,6 +2,7 @@
 // Nesterov), in float.
 #include "layers/sgd.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -56,6 +57,85 @@ void Sgd::Step(std::span<float> params, std::span<const float> grads) {
     // PyTorch seeds the buffer with the first gradient itself, not momentum * 0 + g.
     buf[i] = first_step_ ? gi : momentum * buf[i] + gi;
     w[i] = w[i] - lr * buf[i];
+  }
+  first_step_ = false;
+}
+
+void Sgd::Predict(std::span<const float> params, std::span<const std::span<const float>> grads,
+                  std::span<float> out) const {
+  const size_t n = params.size();
+  PSGD_CHECK_EQ(out.size(), n);
+  for (const auto& g : grads) PSGD_CHECK_EQ(g.size(), n);
+  const float lr = options_.learning_rate;
+  const float momentum = options_.momentum;
+  const float wd = options_.weight_decay;
+  std::copy(params.begin(), params.end(), out.begin());
+  float* w = out.data();
+  if (momentum == 0.0f) {
+    for (const auto& grad : grads) {
+      const float* g = grad.data();
+      for (size_t i = 0; i < n; i++) {
+        const float gi = wd != 0.0f ? g[i] + wd * w[i] : g[i];
+        w[i] = w[i] - lr * gi;
+      }
+    }
+    return;
+  }
+  PSGD_CHECK_EQ(momentum_buf_.size(), n);
+  // One step (width 2) reads the buffer without copying it; later steps need their own.
+  const float* buf_in = momentum_buf_.data();
+  float* buf_out = nullptr;
+  if (grads.size() > 1) {
+    scratch_.resize(n);
+    buf_out = scratch_.data();
+  }
+  bool first = first_step_;
+  for (const auto& grad : grads) {
+    const float* g = grad.data();
+    for (size_t i = 0; i < n; i++) {
+      const float gi = wd != 0.0f ? g[i] + wd * w[i] : g[i];
+      const float b = first ? gi : momentum * buf_in[i] + gi;
+      w[i] = w[i] - lr * b;
+      if (buf_out != nullptr) buf_out[i] = b;
+    }
+    first = false;
+    if (buf_out != nullptr) buf_in = buf_out;
+  }
+}
+
+void Sgd::StepAndPredict(std::span<float> params, std::span<const float> grads,
+                         std::span<const float> ahead, std::span<float> out) {
+  const size_t n = params.size();
+  PSGD_CHECK_EQ(grads.size(), n);
+  PSGD_CHECK_EQ(ahead.size(), n);
+  PSGD_CHECK_EQ(out.size(), n);
+  const float lr = options_.learning_rate;
+  const float momentum = options_.momentum;
+  const float wd = options_.weight_decay;
+  float* w = params.data();
+  float* o = out.data();
+  const float* g = grads.data();
+  const float* a = ahead.data();
+  if (momentum == 0.0f) {
+    for (size_t i = 0; i < n; i++) {
+      const float gi = wd != 0.0f ? g[i] + wd * w[i] : g[i];
+      const float wi = w[i] - lr * gi;
+      w[i] = wi;
+      const float ai = wd != 0.0f ? a[i] + wd * wi : a[i];
+      o[i] = wi - lr * ai;
+    }
+    return;
+  }
+  PSGD_CHECK_EQ(momentum_buf_.size(), n);
+  float* buf = momentum_buf_.data();
+  for (size_t i = 0; i < n; i++) {
+    const float gi = wd != 0.0f ? g[i] + wd * w[i] : g[i];
+    const float bi = first_step_ ? gi : momentum * buf[i] + gi;
+    const float wi = w[i] - lr * bi;
+    buf[i] = bi;
+    w[i] = wi;
+    const float ai = wd != 0.0f ? a[i] + wd * wi : a[i];
+    o[i] = wi - lr * (momentum * bi + ai);
   }
   first_step_ = false;
 }

@@ -26,6 +26,18 @@ class Sgd {
   // One update of params (num_params) with the (already rank-averaged) gradient.
   void Step(std::span<float> params, std::span<const float> grads);
 
+  // Writes to `out` the parameters that Step-ping with each of `grads` in turn would give,
+  // with Step's arithmetic to the bit, leaving this optimizer unchanged (weight prediction for
+  // the pipelined trainer). REQUIRES: out, params and every grads[i] have num_params floats;
+  // out may not alias params.
+  void Predict(std::span<const float> params, std::span<const std::span<const float>> grads,
+               std::span<float> out) const;
+
+  // Step(params, grads), then Predict(params, {ahead}, out), in one pass over the parameters
+  // and to the bit the same (the pipelined trainer's update at width 2).
+  void StepAndPredict(std::span<float> params, std::span<const float> grads,
+                      std::span<const float> ahead, std::span<float> out);
+
   const SgdOptions& options() const { return options_; }
 
   // Everything Step depends on besides params and grads (for checkpoints): 1 float that is 1
@@ -40,6 +52,8 @@ class Sgd {
   SgdOptions options_;
   std::vector<float> momentum_buf_;
   bool first_step_ = true;
+  // Predict's momentum buffer for predictions of more than one step.
+  mutable std::vector<float> scratch_;
 };
 
 }  // namespace pipesgd::layers

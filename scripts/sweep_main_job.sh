@@ -8,8 +8,13 @@ cd "$(dirname "$0")/.."
 BIN=build/launcher/pipesgd
 CONFIG=configs/fashion_mnist_mlp.pbtxt
 
+# The table in docs/results/main_job_sweep.md predates staleness compensation: NONE, no warm-up.
+COMPENSATION="${COMPENSATION:-NONE}"
+WARMUP="${WARMUP:-0}"
+
 accuracy() {
-  "$BIN" run -np 4 "$CONFIG" "$@" 2>&1 | grep -oE 'final test accuracy: [0-9.]+' | awk '{print $4}'
+  "$BIN" run -np 4 "$CONFIG" --set "train.staleness_compensation=$COMPENSATION" \
+    --set "train.sync_warmup_steps=$WARMUP" "$@" 2>&1 | grep -oE 'final test accuracy: [0-9.]+' | awk '{print $4}'
 }
 
 echo "| batch/worker | lr | momentum | width 1 | width 2 |"

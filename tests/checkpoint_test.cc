@@ -196,12 +196,18 @@ struct ResumeCase {
                     // collective sequence (it keys the rounding noise) must be restored too
   bool dropout = false;  // a dropout layer in place of the first relu: its masks are keyed by
                          // (seed, step, row), so the resumed run must draw the same ones
+  // train.staleness_compensation: the default (LOCAL_GRADIENT, after 50 synchronous steps) keeps
+  // this rank's own gradient of the step in flight in the checkpoint; NONE is the plain
+  // recurrence.
+  const char* compensation = "LOCAL_GRADIENT";
 };
 
 std::vector<std::string> Job(const fs::path& ckpt_dir, const ResumeCase& c) {
   std::vector<std::string> argv = {kBinary, "run", "-np", "2", kConfig,
           "--set", "data.train_limit=3200", "--set", "train.epochs=2",
+          "--set", "train.batch_size=16",
           "--set", "train.pipeline_width=" + std::to_string(c.width),
+          "--set", std::string("train.staleness_compensation=") + c.compensation,
           "--set", "train.progress_per_epoch=0",
           "--set", "checkpoint.dir=" + ckpt_dir.string(), "--set", "checkpoint.every_steps=30"};
   if (c.dropout) {
@@ -278,11 +284,14 @@ TEST_P(Resume, AfterAKillGivesBitwiseTheSameFinalWeights) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, Resume,
                          ::testing::Values(ResumeCase{1, false}, ResumeCase{2, false},
-                                           ResumeCase{2, true}, ResumeCase{2, false, true}),
+                                           ResumeCase{2, true}, ResumeCase{2, false, true},
+                                           ResumeCase{2, false, false, "NONE"}),
                          [](const auto& param_info) {
-                           return fmt::format("width{}{}{}", param_info.param.width,
+                           const std::string c = param_info.param.compensation;
+                           return fmt::format("width{}{}{}{}", param_info.param.width,
                                               param_info.param.compressed ? "_q8_ef" : "",
-                                              param_info.param.dropout ? "_dropout" : "");
+                                              param_info.param.dropout ? "_dropout" : "",
+                                              c == "NONE" ? "_no_compensation" : "");
                          });
 
 TEST(ResumeErrors, NoCheckpointDirOrNoCheckpointIsAClearError) {

@@ -86,17 +86,17 @@ TEST(PipelineJob, TwoStagesTimesTwoPipelinesTrainTheMlpOnLoopback) {
   auto summary = nlohmann::json::parse(file);
   fs::remove_all(dir);
   EXPECT_EQ(summary.at("mode"), "SDPIPE");
-  EXPECT_EQ(summary.at("pipeline_stages"), 2);
-  EXPECT_EQ(summary.at("pipelines"), 2);
-  EXPECT_EQ(summary.at("micro_batches"), 4);
+  EXPECT_EQ(summary.at("details").at("pipeline_stages"), 2);
+  EXPECT_EQ(summary.at("details").at("pipelines"), 2);
+  EXPECT_EQ(summary.at("details").at("micro_batches"), 4);
   EXPECT_EQ(summary.at("steps"), 2 * 8000 / (16 * 2));  // 2 epochs of 250 steps
-  ASSERT_EQ(summary.at("stages").size(), 2u);
-  EXPECT_EQ(summary.at("stages")[0].at("layers"), "0..1");
-  EXPECT_EQ(summary.at("stages")[1].at("layers"), "2..4");
+  ASSERT_EQ(summary.at("details").at("stages").size(), 2u);
+  EXPECT_EQ(summary.at("details").at("stages")[0].at("layers"), "0..1");
+  EXPECT_EQ(summary.at("details").at("stages")[1].at("layers"), "2..4");
   // Every step of every stage went through its scheduler state, except the full
   // synchronizations: every 10th step (sdpipe.period) and the epochs' last (250, 500): 450
   // requests per rank.
-  for (const auto& stage : summary.at("stages")) {
+  for (const auto& stage : summary.at("details").at("stages")) {
     int64_t replicas = 0;
     for (const auto& [size, count] : stage.at("scheduler_group_sizes").items()) {
       replicas += std::stoi(size) * count.get<int64_t>();
@@ -108,7 +108,7 @@ TEST(PipelineJob, TwoStagesTimesTwoPipelinesTrainTheMlpOnLoopback) {
   // timing). 0.70 leaves room for run-to-run noise.
   EXPECT_GE(accuracy, 0.70);
   std::printf("pipeline 2x2, 2 epochs of 8000 samples: accuracy %.4f, stages %s\n", accuracy,
-              summary.at("stages").dump().c_str());
+              summary.at("details").at("stages").dump().c_str());
 }
 
 }  // namespace

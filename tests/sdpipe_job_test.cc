@@ -38,12 +38,12 @@ TEST(SdpipeJob, FourRanksTrainTheMlpOnLoopback) {
   // (measured); SDPipe, with a straggler, reached 0.826. 0.75 leaves room for run-to-run noise.
   EXPECT_GE(accuracy, 0.75);
   EXPECT_EQ(summary.at("mode"), "SDPIPE");
-  EXPECT_EQ(summary.at("rounds_by_kind").at("barrier"), 2);  // one per epoch
+  EXPECT_EQ(summary.at("details").at("rounds_by_kind").at("barrier"), 2);  // one per epoch
   int64_t groups = 0;
-  for (const auto& [size, count] : summary.at("group_sizes").items()) groups += count.get<int64_t>();
-  EXPECT_EQ(groups, summary.at("rounds").get<int64_t>());
+  for (const auto& [size, count] : summary.at("details").at("group_sizes").items()) groups += count.get<int64_t>();
+  EXPECT_EQ(groups, summary.at("details").at("rounds").get<int64_t>());
   std::printf("sdpipe, 4 ranks, 2 epochs of 8000 samples: accuracy %.4f, group sizes %s\n",
-              accuracy, summary.at("group_sizes").dump().c_str());
+              accuracy, summary.at("details").at("group_sizes").dump().c_str());
 }
 
 }  // namespace

@@ -223,5 +223,54 @@ TEST(GroupScheduler, BadOptionsAreClearErrors) {
   expect_error(o, "window_shrink = 1.5");
 }
 
+// train.eval_every_steps in SDPIPE: a barrier at every multiple of eval_updates (an evaluation
+// point, not an epoch's end), besides the epoch's; the epoch count is unchanged by them.
+TEST(GroupScheduler, EvaluationBarriersComeBetweenTheEpochOnes) {
+  GroupSchedulerOptions o = Options(2, 100);
+  o.epoch_updates = 8;
+  o.total_updates = 16;
+  o.eval_updates = 4;
+  GroupScheduler s(o);
+  double now = 0;
+  // Rounds of both ranks (2 updates each); returns the decision.
+  auto round = [&] {
+    s.Arrive(0, now);
+    s.Arrive(1, now);
+    auto d = s.Decide(now);
+    now += 1;
+    EXPECT_TRUE(d.has_value());
+    return *d;
+  };
+  GroupDecision d = round();  // 2
+  EXPECT_EQ(d.kind, RoundKind::kNormal);
+  d = round();  // 4: the evaluation boundary reached, the next round is a barrier
+  EXPECT_FALSE(d.evaluate);
+  EXPECT_EQ(s.pending_kind(), RoundKind::kBarrier);
+  d = round();  // 6: the evaluation's barrier
+  EXPECT_EQ(d.kind, RoundKind::kBarrier);
+  EXPECT_TRUE(d.evaluate);
+  EXPECT_FALSE(d.epoch_end);
+  EXPECT_EQ(d.epoch, 0);
+  d = round();  // 8: the epoch's boundary (and the next evaluation's, from 6)
+  EXPECT_EQ(s.pending_kind(), RoundKind::kBarrier);
+  d = round();  // 10: the epoch's barrier
+  EXPECT_TRUE(d.evaluate);
+  EXPECT_TRUE(d.epoch_end);
+  EXPECT_EQ(d.epoch, 1);
+  EXPECT_FALSE(d.stop);
+  d = round();  // 12: the evaluation boundary after 10
+  EXPECT_EQ(s.pending_kind(), RoundKind::kBarrier);
+  d = round();  // 14: an evaluation's barrier
+  EXPECT_TRUE(d.evaluate);
+  EXPECT_FALSE(d.epoch_end);
+  d = round();  // 16: the total
+  EXPECT_EQ(s.pending_kind(), RoundKind::kBarrier);
+  d = round();  // 18: the last barrier ends the epoch and the job
+  EXPECT_TRUE(d.evaluate);
+  EXPECT_TRUE(d.epoch_end);
+  EXPECT_TRUE(d.stop);
+  EXPECT_EQ(d.epoch, 2);
+}
+
 }  // namespace
 }  // namespace pipesgd

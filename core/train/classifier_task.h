@@ -56,6 +56,14 @@ class SgdOptimizer : public Optimizer {
   void Apply(std::span<float> params, std::span<const float> grads) override {
     sgd_.Step(params, grads);
   }
+  void Predict(std::span<const float> params, std::span<const std::span<const float>> grads,
+               std::span<float> out) const override {
+    sgd_.Predict(params, grads, out);
+  }
+  void ApplyAndPredict(std::span<float> params, std::span<const float> grads,
+                       std::span<const float> ahead, std::span<float> out) override {
+    sgd_.StepAndPredict(params, grads, ahead, out);
+  }
   std::vector<float> SaveState() const override { return sgd_.SaveState(); }
   void LoadState(std::span<const float> state) override { sgd_.LoadState(state); }
 

@@ -301,6 +301,7 @@ void PsWorker::Exchange(uint32_t kind, int64_t step, std::span<const float> out,
     server_.PostSend(send);
     transport_.Wait(send, deadline, "a message to the parameter server (rank 0)");
   }
+  if (kind == PsHeader::kPush) push_bytes_ += sizeof(PsHeader) + out.size() * sizeof(float);
   timeline::Span span(timeline_, timeline::kCompute, "pull");
   transport_.Wait(recv_header_op, deadline, "the parameter server's reply (rank 0)");
   CheckPsHeader(recv_header, reply_kind, step, in.size(), rank_, 0);

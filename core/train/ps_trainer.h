@@ -154,6 +154,9 @@ class PsWorker {
   // Tells the server this worker is done (no message may follow).
   void Bye();
 
+  // Bytes of the gradient pushes sent so far (headers and payloads).
+  uint64_t bytes_sent() const { return push_bytes_; }
+
   void set_timeline(timeline::Recorder* recorder) { timeline_ = recorder; }
 
  private:
@@ -170,6 +173,7 @@ class PsWorker {
   std::vector<float> losses_;
   int64_t steps_ = 0;
   int64_t sums_ = 0;
+  uint64_t push_bytes_ = 0;
   timeline::Recorder* timeline_ = nullptr;
 };
 

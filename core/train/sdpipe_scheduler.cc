@@ -43,6 +43,7 @@ GroupScheduler::GroupScheduler(const GroupSchedulerOptions& o) : options_(o) {
   }
   if (o.epoch_updates < 0) bad("epoch_updates", o.epoch_updates, ">= 0");
   if (o.total_updates < 0) bad("total_updates", o.total_updates, ">= 0");
+  if (o.eval_updates < 0) bad("eval_updates", o.eval_updates, ">= 0");
   window_s_ = o.window_init_s;
   is_ready_.assign(o.world_size, false);
   ResetUnion();
@@ -115,6 +116,14 @@ double GroupScheduler::wake_time() const {
   return opened_at_ + window_s_;
 }
 
+int64_t GroupScheduler::EpochBoundary() const {
+  int64_t boundary = options_.epoch_updates > 0
+                         ? (static_cast<int64_t>(epoch_) + 1) * options_.epoch_updates
+                         : std::numeric_limits<int64_t>::max();
+  if (options_.total_updates > 0) boundary = std::min(boundary, options_.total_updates);
+  return boundary;
+}
+
 std::optional<GroupDecision> GroupScheduler::Decide(double now) {
   if (ready_.empty()) return std::nullopt;
   const int n = options_.world_size;
@@ -151,19 +160,27 @@ std::optional<GroupDecision> GroupScheduler::Decide(double now) {
   if (kind_ == RoundKind::kConnect || kind_ == RoundKind::kBarrier) ResetUnion();
   if (kind_ == RoundKind::kBarrier) {
     barrier_armed_ = false;
-    d.epoch_end = true;
-    d.epoch = ++epoch_;
     d.stop = options_.total_updates > 0 && updates_ >= options_.total_updates;
+    // An evaluation's barrier that reaches the epoch's boundary ends the epoch too.
+    d.epoch_end = barrier_ends_epoch_ || d.stop || updates_ >= EpochBoundary();
+    d.evaluate = true;
+    d.epoch = d.epoch_end ? ++epoch_ : epoch_;
     stopped_ = d.stop;
+    last_barrier_updates_ = updates_;
   } else {
     d.epoch = epoch_;
     // The next multiple of epoch_updates (capped at the total) reached: the next round is the
-    // epoch barrier.
-    int64_t boundary = options_.epoch_updates > 0
-                           ? (static_cast<int64_t>(epoch_) + 1) * options_.epoch_updates
-                           : std::numeric_limits<int64_t>::max();
-    if (options_.total_updates > 0) boundary = std::min(boundary, options_.total_updates);
-    if (updates_ >= boundary) barrier_armed_ = true;
+    // epoch barrier; the next multiple of eval_updates past the last barrier: an evaluation's.
+    constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+    const int64_t boundary = EpochBoundary();
+    const int64_t eval_boundary =
+        options_.eval_updates > 0
+            ? (last_barrier_updates_ / options_.eval_updates + 1) * options_.eval_updates
+            : kNever;
+    if (updates_ >= boundary || updates_ >= eval_boundary) {
+      barrier_armed_ = true;
+      barrier_ends_epoch_ = updates_ >= boundary;
+    }
   }
   d.updates = updates_;
   return d;

@@ -26,7 +26,9 @@
 //              worker-updates counted since the start reach the next multiple of
 //              epoch_updates (= steps per epoch * N, like the authors' sync_every = E*N) or the
 //              job's total; the round then waits for all N. Its decision has epoch_end set, and
-//              stop set when the total is reached (the job ends there).
+//              stop set when the total is reached (the job ends there). With eval_updates, a
+//              barrier is also armed at each multiple of it (an evaluation point); every
+//              barrier's decision has evaluate set.
 // Every arrival is one worker-update (a local SGD step), whether its rank syncs or not.
 #pragma once
 
@@ -50,6 +52,9 @@ struct GroupSchedulerOptions {
   // no end. REQUIRES: >= 0.
   int64_t epoch_updates = 0;
   int64_t total_updates = 0;
+  // Worker-updates between evaluation barriers (train.eval_every_steps * N; 0 = none): a barrier
+  // like the epoch's, but it does not end an epoch.
+  int64_t eval_updates = 0;
 };
 
 enum class RoundKind { kNormal = 0, kConnect = 1, kBarrier = 2 };
@@ -60,7 +65,8 @@ struct GroupDecision {
   RoundKind kind = RoundKind::kNormal;
   std::vector<int> members;  // sorted ascending, distinct, >= 1 rank
   double decided_at = 0;     // `now` of the Decide call that closed it
-  bool epoch_end = false;    // a barrier: every rank is in the group
+  bool epoch_end = false;    // an epoch's barrier: every rank is in the group
+  bool evaluate = false;     // any barrier (the epoch's or an evaluation's)
   int epoch = 0;             // epochs completed, counting this barrier
   bool stop = false;         // the job's total was reached: the last round
   int64_t updates = 0;       // worker-updates counted so far, this round's included
@@ -96,6 +102,8 @@ class GroupScheduler {
   // Whether the union since the last reset, plus the ranks waiting now, connects all N.
   bool ConnectedWithWaiting() const;
   void ResetUnion();
+  // Worker-updates at which the current epoch ends (the job's total caps it).
+  int64_t EpochBoundary() const;
 
   GroupSchedulerOptions options_;
   double window_s_;
@@ -109,6 +117,8 @@ class GroupScheduler {
   int64_t rounds_ = 0;
   int epoch_ = 0;
   bool barrier_armed_ = false;
+  bool barrier_ends_epoch_ = false;  // the armed barrier is the epoch's, not only an evaluation's
+  int64_t last_barrier_updates_ = 0;
   bool stopped_ = false;
 };
 

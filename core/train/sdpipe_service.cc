@@ -24,6 +24,7 @@ void FillReply(const GroupDecision& d, double window_s, sdpipe::GroupReply* repl
   reply->set_epoch_end(d.epoch_end);
   reply->set_epoch(d.epoch);
   reply->set_stop(d.stop);
+  reply->set_evaluate(d.evaluate);
   reply->set_updates(d.updates);
   reply->set_window_s(window_s);
 }
@@ -409,6 +410,7 @@ GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline de
   d.epoch_end = reply.epoch_end();
   d.epoch = reply.epoch();
   d.stop = reply.stop();
+  d.evaluate = reply.evaluate();
   d.updates = reply.updates();
   // Wire input: the members must be a sorted set of valid ranks containing this one.
   bool valid = !d.members.empty() && reply.kind() >= 0 && reply.kind() <= 2;

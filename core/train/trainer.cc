@@ -29,6 +29,20 @@ float Objective::ComputeGradientOnDevice(int64_t, std::span<const float>, float*
         "gradient slots");
 }
 
+void Optimizer::Predict(std::span<const float>, std::span<const std::span<const float>>,
+                        std::span<float>) const {
+  Throw(ErrorCode::kInvalidArgument,
+        "this optimizer cannot predict weights, which a staleness compensation needs (use "
+        "train.staleness_compensation = NONE)");
+}
+
+void Optimizer::ApplyAndPredict(std::span<float> params, std::span<const float> grads,
+                                std::span<const float> ahead, std::span<float> out) {
+  Apply(params, grads);
+  const std::span<const float> one[] = {ahead};
+  Predict(params, one, out);
+}
+
 void Optimizer::ApplyFromDevice(std::span<float>, const float*) {
   Throw(ErrorCode::kInvalidArgument,
         "this optimizer applies gradients from host memory only; the trainer was given device "
@@ -58,6 +72,26 @@ Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer
           "device gradient slots: {} of {} floats; pipeline width {} needs {} of {}",
           device_->slots(), device_->slot_elems(), options.pipeline_width,
           options.pipeline_width, num_params_ + 1);
+  }
+  if (options.sync_warmup_steps < 0) {
+    Throw(ErrorCode::kInvalidArgument, "synchronous steps {}: expected an integer >= 0",
+          options.sync_warmup_steps);
+  }
+  const bool compensating =
+      options.compensation != StalenessCompensation::kNone && options.pipeline_width > 1;
+  if (compensating && device_ != nullptr) {
+    Throw(ErrorCode::kInvalidArgument,
+          "a staleness compensation needs host gradient slots: the weight prediction reads "
+          "this rank's gradient and the optimizer state on the host");
+  }
+  if (compensating) {
+    predicted_.assign(num_params_, 0.0f);
+    ahead_.reserve(static_cast<size_t>(options.pipeline_width));
+    if (options.compensation == StalenessCompensation::kLocalGradient) {
+      local_.assign(options.pipeline_width, std::vector<float>(num_params_, 0.0f));
+    } else {
+      zeros_.assign(num_params_, 0.0f);
+    }
   }
   slots_.resize(options.pipeline_width);
   if (device_ == nullptr) {
@@ -146,6 +180,21 @@ void Trainer::WaitJob(std::unique_lock<std::mutex>& lock, Job& job, int64_t step
   }
 }
 
+std::span<const float> Trainer::GradientPoint() {
+  if (predicted_.empty() || finished_ == steps_) return params_;  // nothing in flight
+  if (predicted_for_ == steps_) return predicted_;  // made with the last update (Finish)
+  // The updates of steps finished_ .. steps_-1 are still to come, in that order.
+  const int k = options_.pipeline_width;
+  ahead_.clear();  // reserved for K - 1: no allocation per step
+  for (int64_t s = finished_; s < steps_; ++s) {
+    ahead_.push_back(local_.empty() ? std::span<const float>(zeros_)
+                                    : std::span<const float>(local_[static_cast<size_t>(s % k)]));
+  }
+  timeline::Span span(timeline_, timeline::kCompute, "predict");
+  optimizer_.Predict(params_, ahead_, predicted_);
+  return predicted_;
+}
+
 void Trainer::Step() {
   const int64_t t = steps_;
   const int k = options_.pipeline_width;
@@ -154,15 +203,19 @@ void Trainer::Step() {
   PSGD_CHECK(!slot.busy);  // Finish() released it K steps ago
   if (timeline_) timeline_->SetStep(timeline::kCompute, t);
 
+  const std::span<const float> at = GradientPoint();
   if (device_ != nullptr) {
-    const float loss = objective_.ComputeGradientOnDevice(t, params_, device_->slot(index));
+    const float loss = objective_.ComputeGradientOnDevice(t, at, device_->slot(index));
     device_->SetLoss(index, loss);
     slot.job.device_slot = index;
   } else {
     std::span<float> grads(slot.buffer.data(), num_params_);
-    const float loss = objective_.ComputeGradient(t, params_, grads);
+    const float loss = objective_.ComputeGradient(t, at, grads);
     slot.buffer[num_params_] = loss;
     slot.job.data = slot.buffer;
+    // The AllReduce overwrites the slot with G[t]; the prediction needs g[t] until G[t] is
+    // applied.
+    if (!local_.empty()) std::copy(grads.begin(), grads.end(), local_[index].begin());
   }
   slot.step = t;
   slot.busy = true;
@@ -175,9 +228,11 @@ void Trainer::Step() {
   steps_ = t + 1;
   losses_.push_back(std::numeric_limits<float>::quiet_NaN());
 
-  // Apply G[t-K+1]: with K = 1 that is this step's own aggregate (synchronous SGD). After a
-  // restore from a drained snapshot, steps before finished_ were applied already.
-  if (t - k + 1 >= finished_) Finish(t - k + 1, /*apply=*/true);
+  // Apply G[t-K+1]: with K = 1, or during the synchronous steps, that is this step's own
+  // aggregate. Steps before finished_ were applied already: after a restore from a drained
+  // snapshot, and for the first K-1 pipelined steps after the synchronous ones.
+  const int64_t lag = t < options_.sync_warmup_steps ? 0 : k - 1;
+  if (t - lag >= finished_) Finish(t - lag, /*apply=*/true);
 }
 
 float Trainer::SlotLoss(int index) {
@@ -229,10 +284,19 @@ void Trainer::Finish(int64_t s, bool apply) {
   if (apply) {
     CheckAggregate(index, s, "averaged gradient", "stopping without applying this update");
     timeline::Span span(timeline_, timeline::kCompute, "update");
+    const std::span<const float> aggregate(slot.buffer.data(), num_params_);
     if (device_ != nullptr) {
       optimizer_.ApplyFromDevice(params_, device_->slot(index));
+    } else if (!predicted_.empty() && steps_ == s + 2) {
+      // One step (s + 1) stays in flight: the next gradient's point comes out of the same pass.
+      const size_t next = static_cast<size_t>((s + 1) % options_.pipeline_width);
+      optimizer_.ApplyAndPredict(params_, aggregate,
+                                 local_.empty() ? std::span<const float>(zeros_)
+                                                : std::span<const float>(local_[next]),
+                                 predicted_);
+      predicted_for_ = steps_;
     } else {
-      optimizer_.Apply(params_, std::span<const float>(slot.buffer.data(), num_params_));
+      optimizer_.Apply(params_, aggregate);
     }
     ++applied_;
   }
@@ -298,7 +362,9 @@ TrainerSnapshot Trainer::Snapshot() {
       aggregate.resize(num_params_ + 1);
       device_->Read(index, aggregate);
     }
-    snapshot.pending.push_back({s, std::move(aggregate)});
+    std::vector<float> local;
+    if (!local_.empty()) local = local_[static_cast<size_t>(index)];
+    snapshot.pending.push_back({s, std::move(aggregate), std::move(local)});
   }
   return snapshot;
 }
@@ -318,6 +384,13 @@ void Trainer::Restore(const TrainerSnapshot& snapshot) {
   }
   for (int64_t i = 0; i < pending; ++i) {
     const TrainerSnapshot::Pending& p = snapshot.pending[i];
+    const size_t local_size = local_.empty() ? 0 : num_params_;
+    if (p.local.size() != local_size) {
+      Throw(ErrorCode::kDataLoss,
+            "trainer snapshot at step {}: pending step {} has {} floats of this rank's own "
+            "gradient; expected {} (the staleness compensation of this trainer)",
+            snapshot.steps, p.step, p.local.size(), local_size);
+    }
     if (p.step != snapshot.steps - pending + i || p.aggregate.size() != num_params_ + 1) {
       Throw(ErrorCode::kDataLoss,
             "trainer snapshot at step {}: pending aggregate {} is for step {} with {} floats; "
@@ -329,6 +402,7 @@ void Trainer::Restore(const TrainerSnapshot& snapshot) {
   steps_ = snapshot.steps;
   applied_ = snapshot.applied;
   finished_ = snapshot.steps - pending;
+  predicted_for_ = -1;
   losses_ = snapshot.losses;
   for (const TrainerSnapshot::Pending& p : snapshot.pending) {
     const int index = static_cast<int>(p.step % k);
@@ -340,6 +414,7 @@ void Trainer::Restore(const TrainerSnapshot& snapshot) {
       slot.buffer = p.aggregate;
       slot.job.data = slot.buffer;
     }
+    if (!local_.empty()) local_[static_cast<size_t>(index)] = p.local;
     slot.step = p.step;
     slot.busy = true;
     slot.job.done = true;  // reduced before the checkpoint; nothing to send

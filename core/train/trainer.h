@@ -60,6 +60,17 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual void Apply(std::span<float> params, std::span<const float> grads) = 0;
+  // Writes to `out` the parameters that Apply-ing each of `grads` in turn (num_params floats
+  // each) would give, with Apply's arithmetic to the bit, and changes nothing: the weight
+  // prediction of train::StalenessCompensation. The default throws Error(kInvalidArgument).
+  virtual void Predict(std::span<const float> params,
+                       std::span<const std::span<const float>> grads,
+                       std::span<float> out) const;
+  // Apply(params, grads), then Predict(params, {ahead}, out): the width-2 trainer's update
+  // followed by its next prediction. The default makes the two calls; an optimizer may fuse
+  // them into one pass (same results to the bit).
+  virtual void ApplyAndPredict(std::span<float> params, std::span<const float> grads,
+                               std::span<const float> ahead, std::span<float> out);
   // As Apply with the averaged gradient in DEVICE memory (num_params floats); params is the
   // host copy, updated too. The default throws Error(kInvalidArgument).
   virtual void ApplyFromDevice(std::span<float> params, const float* device_grads);
@@ -84,6 +95,9 @@ struct TrainerSnapshot {
   struct Pending {
     int64_t step = 0;
     std::vector<float> aggregate;  // num_params averaged gradient floats, then the loss
+    // This rank's own gradient of the step (num_params floats), kept for the weight prediction
+    // of StalenessCompensation::kLocalGradient; empty otherwise.
+    std::vector<float> local;
   };
   std::vector<Pending> pending;  // ascending steps, at most K-1
 };
@@ -136,6 +150,21 @@ class DeviceGradients {
   virtual void Write(int i, std::span<const float> in) = 0;
 };
 
+// Where a trainer of width K >= 2 computes g[t], given that K-1 updates are still in flight
+// (docs/staleness.md has the recurrences and where they come from).
+enum class StalenessCompensation {
+  // At w[t]: the plain Pipe-SGD recurrence w[t+1] = w[t] - lr * G[t-K+1].
+  kNone,
+  // At the weights the in-flight updates would give if their gradients were zero: only the
+  // optimizer's own part of them (momentum, weight decay). Weight prediction from the momentum
+  // buffer, as in SpecTrain and PipeMare.
+  kMomentum,
+  // At the weights the in-flight updates would give if each aggregate G[s] equalled this rank's
+  // own gradient g[s]. With identical gradients on every rank this is synchronous SGD exactly,
+  // one step late: w[t+1] = v[t] where v[t+1] = v[t] - lr * G(v[t]).
+  kLocalGradient,
+};
+
 struct TrainerOptions {
   int pipeline_width = 2;  // K >= 1
   // Bound on every wait: one AllReduce, and the compute thread's wait for an aggregate.
@@ -146,6 +175,12 @@ struct TrainerOptions {
   // Device gradient slots (null: host slots). At least pipeline_width slots of num_params + 1
   // floats; must outlive the trainer.
   DeviceGradients* device_gradients = nullptr;
+  // With K >= 2; needs host gradient slots and an optimizer with Predict.
+  StalenessCompensation compensation = StalenessCompensation::kNone;
+  // Steps 0 .. sync_warmup_steps-1 are synchronous (each applies its own aggregate before the next
+  // step is computed); the pipeline of width K starts after them (BytePS's
+  // pipesgd_warmup_iter). The first pipelined step applies nothing, as step 0 does.
+  int64_t sync_warmup_steps = 0;
 };
 
 // What the gradient AllReduces sent so far, summed over steps (as seen by this rank).
@@ -171,8 +206,9 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Runs step t = steps(): computes g[t], submits its AllReduce and, if t >= K-1, waits for
-  // G[t-K+1] and applies it. After it returns, params hold w[t+1].
+  // Runs step t = steps(): computes g[t] (at w[t], or at a prediction of w[t+K-1] with a
+  // compensation), submits its AllReduce and, if t >= K-1 (counted from the end of the
+  // synchronous steps), waits for G[t-K+1] and applies it. After it returns, params hold w[t+1].
   // Throws Error: kNumerical (the rank-averaged loss or gradient of an applied step is not
   // finite; the update is not applied), kDeadlineExceeded, and whatever the AllReduce threw.
   void Step();
@@ -241,6 +277,8 @@ class Trainer {
   void HarvestLosses();
   // The averaged loss of a slot whose AllReduce has finished.
   float SlotLoss(int index);
+  // Where g[steps_] is computed: params_, or predicted_ holding the weight prediction.
+  std::span<const float> GradientPoint();
   // Throws kNumerical when the aggregate in slot `index` (step s) has a non-finite value; the
   // message names `what` and ends with `consequence`.
   void CheckAggregate(int index, int64_t s, const char* what, const char* consequence);
@@ -258,6 +296,14 @@ class Trainer {
   int64_t applied_ = 0;
   int64_t finished_ = 0;     // steps whose aggregate has been consumed (applied or released)
   std::vector<float> losses_;  // by step; NaN until known (compute thread only)
+  // Weight prediction (compensation != kNone): the predicted weights; per slot, this rank's own
+  // gradient of the slot's step (kLocalGradient); zeros standing for unknown gradients
+  // (kMomentum).
+  std::vector<float> predicted_;
+  std::vector<std::vector<float>> local_;
+  std::vector<float> zeros_;
+  std::vector<std::span<const float>> ahead_;  // the gradients Predict is given
+  int64_t predicted_for_ = -1;  // predicted_ already holds step predicted_for_'s point
 
   mutable std::mutex mu_;  // guards queue_, Job::done, comm_error_, stop_, wire_
   std::condition_variable cv_;

@@ -1,0 +1,133 @@
+// What every training mode reports, the same way: the run plan of job.train, the console and
+// metrics.jsonl lines of each evaluation, the last line, and summary.json (worker_detail.h).
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <google/protobuf/util/json_util.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.h"
+#include "core/base/log.h"
+#include "launcher/worker_detail.h"
+
+namespace pipesgd::launcher::detail {
+
+nlohmann::json ConfigAsJson(const config::Job& job) {
+  std::string text;
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(job, &text, options);
+  return nlohmann::json::parse(text);
+}
+
+// Writes to a temporary file, then renames it over `path`, so a reader never sees half a file.
+void WriteFileAtomically(const std::filesystem::path& path, const std::string& contents) {
+  auto tmp = path;
+  tmp += ".tmp";
+  std::FILE* out = std::fopen(tmp.c_str(), "w");
+  bool ok = out && std::fwrite(contents.data(), 1, contents.size(), out) == contents.size();
+  const int err = errno;
+  if (out && std::fclose(out) != 0) ok = false;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    Throw(ErrorCode::kIo, "cannot write {}: {}", tmp.string(), std::strerror(err));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    Throw(ErrorCode::kIo, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
+  }
+}
+
+
+train::RunPlan PlanFromConfig(const config::Job& job, int64_t steps_per_epoch,
+                              int64_t global_batch) {
+  const auto& t = job.train();
+  train::RunPlan plan;
+  plan.steps_per_epoch = steps_per_epoch;
+  plan.epochs = t.epochs();
+  plan.max_steps = t.max_steps();
+  plan.eval_every_steps = t.eval_every_steps();
+  plan.target_accuracy = t.target_accuracy();
+  plan.global_batch = global_batch;
+  plan.progress_per_epoch = t.progress_per_epoch();
+  return plan;
+}
+
+void LeadReporter::Progress(int epoch, int epochs, int64_t done, int64_t total, double loss,
+                            double samples_per_s) {
+  if (!lead_) return;
+  PSGD_LOG_INFO("epoch {}/{} step {}/{}: loss {:.4f}, {:.0f} samples/s", epoch, epochs, done,
+                total, loss, samples_per_s);
+}
+
+void LeadReporter::Evaluated(const train::Evaluation& e, int epochs) {
+  if (!lead_) return;
+  const std::string where = e.epoch_end ? fmt::format("epoch {}/{}", e.epoch, epochs)
+                                        : fmt::format("epoch {}/{} step {}", e.epoch, epochs, e.step);
+  const std::string wire =
+      show_wire_ ? fmt::format("  wire {:.3f} MB/step (compression {:.2f}x)",
+                               e.wire_bytes_per_step / 1e6, e.compression_ratio)
+                 : "";
+  PSGD_LOG_INFO("{}: train_loss {:.4f}  test_loss {:.4f}  test_accuracy {:.4f}  {:.0f} samples/s  "
+                "wall {:.1f} s{}",
+                where, e.train_loss, e.test_loss, e.test_accuracy, e.samples_per_s, e.wall_s, wire);
+  if (out_ == nullptr) return;
+  out_->AppendMetrics({{"step", e.step},
+                       {"epoch", e.epoch},
+                       {"epoch_end", e.epoch_end},
+                       {"wall_s", e.wall_s},
+                       {"eval_s", e.eval_s},
+                       {"train_loss", e.train_loss},
+                       {"test_loss", e.test_loss},
+                       {"test_accuracy", e.test_accuracy},
+                       {"samples_per_s", e.samples_per_s},
+                       {"wire_bytes_per_step", e.wire_bytes_per_step},
+                       {"compression_ratio", e.compression_ratio}});
+}
+
+void LogFinal(const train::RunOutcome& outcome, const train::RunPlan& plan, double wall_s) {
+  std::string target;
+  if (plan.target_accuracy > 0) {
+    target = outcome.reached_target
+                 ? fmt::format("; target {:.4f} reached at step {} after {:.1f} s of training",
+                               plan.target_accuracy, outcome.steps_to_target,
+                               outcome.time_to_target_s)
+                 : fmt::format("; target {:.4f} not reached", plan.target_accuracy);
+  }
+  PSGD_LOG_INFO("final test accuracy: {:.4f} ({} steps, {:.1f} s){}", outcome.final_test_accuracy,
+                outcome.steps, wall_s, target);
+}
+
+nlohmann::json Summary(const SummaryInputs& in, const train::RunOutcome& outcome,
+                       const config::Job& job, nlohmann::json details) {
+  // -1 and null-free numbers: a run that did not reach its target says so with
+  // reached_target = false, and steps_to_target / time_to_target_s = -1.
+  return {{"mode", in.mode},
+          {"final_test_accuracy", outcome.final_test_accuracy},
+          {"final_test_loss", outcome.final_test_loss},
+          {"steps", outcome.steps},
+          {"evaluations", outcome.evaluations},
+          {"world_size", in.world_size},
+          {"workers", in.workers},
+          {"global_batch", in.global_batch},
+          {"target_accuracy", in.target_accuracy},
+          {"reached_target", outcome.reached_target},
+          {"steps_to_target", outcome.steps_to_target},
+          {"time_to_target_s", outcome.time_to_target_s},
+          {"wall_s", in.wall_s},
+          {"train_wall_s", outcome.train_s},
+          {"eval_s", outcome.eval_s},
+          {"transport", in.transport},
+          {"wire_bytes", in.wire_bytes},
+          {"version", PIPESGD_VERSION},
+          {"details", std::move(details)},
+          {"config", ConfigAsJson(job)}};
+}
+
+}  // namespace pipesgd::launcher::detail
