@@ -21,6 +21,9 @@
 #   ring_k2           width 2 as shipped (LOCAL_GRADIENT after 50 synchronous steps)
 #   ring_k2_trunc16   width 2, trunc16
 #   ring_k2_q8        width 2, q8 with error feedback
+#   ring_k1_q4, ring_k2_q4         width 1 / 2, q4 (4 bits, a scale per 256) with error feedback
+#   ring_k1_sign1, ring_k2_sign1   width 1 / 2, sign1 (1 bit, scaled sign) with error feedback
+#   ring_k1_psgd4, ring_k2_psgd4   width 1 / 2, PowerSGD rank 4 (comm.powersgd_rank)
 # Raw outputs go to docs/results/time_to_accuracy/MODEL/RATE/ (metrics.jsonl and summary.json
 # of each scheme, rank 0's log); `report` writes docs/results/time_to_accuracy.md and
 # docs/results/time_to_accuracy_MODEL_RATE.png (test accuracy against wall-clock time).
@@ -29,6 +32,13 @@
 #   SEED=2 SCHEMES="ddp ring_k1 ring_k2 ring_k2_q8" bench/time_to_accuracy_lab.sh run mlp 100mbit
 # TIMELINE=1 also records steps 100-139 of every ring run (--timeline; rank 0's is kept as
 # SCHEME.timeline.rank0.json.gz) and the report lists its mean span times.
+# RESULTS=DIR and REPORT=PREFIX put the raw outputs and the report elsewhere (an experiment of
+# its own, with its own DDP run; the report then reads REPORT_notes.md, and REPORT_TITLE is its
+# title). The compression experiment (docs/results/compression_tta.md) is
+#   RESULTS=docs/results/compression_tta REPORT=docs/results/compression_tta \
+#   REPORT_TITLE="Time to accuracy with fewer bits: q8, q4, sign1, PowerSGD against PyTorch DDP" \
+#   SCHEMES="ddp ring_k1_q8 ring_k2_q8 ring_k1_q4 ring_k2_q4 ring_k1_sign1 ring_k2_sign1 ring_k1_psgd4 ring_k2_psgd4" \
+#   bench/time_to_accuracy_lab.sh run mlp 100mbit        (then 1gbit, the seeds, the CNN, report)
 # A full `all` took about 100 minutes on a 2-core machine; nothing else should run meanwhile
 # (the nodes' CPU shares add up to the whole machine).
 set -euo pipefail
@@ -37,8 +47,9 @@ BIN=$PWD/build/launcher/pipesgd
 export LAB_PREFIX="${LAB_PREFIX:-psgd18}" LAB_SUBNET="${LAB_SUBNET:-10.83.0}"
 CPU_SHARE="${CPU_SHARE:-0.5}"
 EVAL_EVERY="${EVAL_EVERY:-50}"
-RESULTS=docs/results/time_to_accuracy
-SCHEMES="${SCHEMES:-ddp ddp_fp16 ps_sync ps_async ring_k1 ring_k1_q8 ring_k2_plain ring_k2 ring_k2_trunc16 ring_k2_q8}"
+RESULTS="${RESULTS:-docs/results/time_to_accuracy}"
+REPORT="${REPORT:-docs/results/time_to_accuracy}"
+SCHEMES="${SCHEMES:-ddp ddp_fp16 ps_sync ps_async ring_k1 ring_k1_q8 ring_k2_plain ring_k2 ring_k2_trunc16 ring_k2_q8 ring_k1_q4 ring_k2_q4 ring_k2_sign1 ring_k1_psgd4 ring_k2_psgd4}"
 SEED="${SEED:-1}"
 TIMELINE="${TIMELINE:-0}"
 
@@ -107,6 +118,13 @@ run_rate() {
           ring_k2) extra=() ;;
           ring_k2_trunc16) extra=(--set comm.compression=trunc16) ;;
           ring_k2_q8) extra=(--set comm.compression=q8 --set comm.error_feedback=true) ;;
+          ring_k1_q4|ring_k1_sign1)
+            extra=(--set train.pipeline_width=1 --set "comm.compression=${scheme#ring_k1_}"
+                   --set comm.error_feedback=true) ;;
+          ring_k2_q4|ring_k2_sign1)
+            extra=(--set "comm.compression=${scheme#ring_k2_}" --set comm.error_feedback=true) ;;
+          ring_k1_psgd4) extra=(--set train.pipeline_width=1 --set comm.powersgd_rank=4) ;;
+          ring_k2_psgd4) extra=(--set comm.powersgd_rank=4) ;;
           *) echo "unknown scheme $scheme" >&2; exit 2 ;;
         esac
         [[ $TIMELINE == 1 ]] && extra+=(--timeline "$PWD/$out/$scheme.timeline.json"
@@ -135,7 +153,7 @@ run_rate() {
 
 case "${1:-}" in
   run) run_rate "${2:?MODEL}" "${3:?RATE}" ;;
-  report) python3 bench/time_to_accuracy_report.py "$RESULTS" docs/results/time_to_accuracy ;;
+  report) python3 bench/time_to_accuracy_report.py "$RESULTS" "$REPORT" ;;
   all)
     for m in mlp cnn; do for r in 100mbit 1gbit none; do run_rate "$m" "$r"; done; done
     python3 bench/time_to_accuracy_report.py "$RESULTS" docs/results/time_to_accuracy ;;

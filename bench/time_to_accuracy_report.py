@@ -5,7 +5,8 @@
 
 RESULTS holds MODEL/RATE/ directories as the lab script leaves them; writes OUT_PREFIX.md and
 OUT_PREFIX_MODEL_RATE.png (test accuracy against wall-clock training time, evaluations left out);
-OUT_PREFIX_notes.md, when it exists, is the hand-written reading placed after the summary.
+OUT_PREFIX_notes.md, when it exists, is the hand-written reading placed after the summary;
+REPORT_TITLE, when set, is the page's title.
 Every number comes from the metrics lines: wall_s of the first evaluation at or above a target,
 the last evaluation's accuracy, samples/s over the whole run's training time.
 """
@@ -28,6 +29,12 @@ LABELS = {
     "ring_k2": "pipesgd width 2 (default)",
     "ring_k2_trunc16": "pipesgd width 2 + trunc16",
     "ring_k2_q8": "pipesgd width 2 + q8 EF",
+    "ring_k1_q4": "pipesgd width 1 + q4 EF",
+    "ring_k2_q4": "pipesgd width 2 + q4 EF",
+    "ring_k1_sign1": "pipesgd width 1 + sign1 EF",
+    "ring_k2_sign1": "pipesgd width 2 + sign1 EF",
+    "ring_k1_psgd4": "pipesgd width 1 + PowerSGD r4",
+    "ring_k2_psgd4": "pipesgd width 2 + PowerSGD r4",
 }
 PIPESGD = [s for s in LABELS if s.startswith("ring_") or s.startswith("ps_")]
 
@@ -54,9 +61,9 @@ def fmt_s(x):
 
 def main():
     results, prefix = sys.argv[1], sys.argv[2]
-    md = ["# Time to accuracy against PyTorch DDP", "",
-          "Produced by `bench/time_to_accuracy_lab.sh all` (raw outputs in "
-          "`docs/results/time_to_accuracy/`; the setup of each run in its `setup.txt`). Emulated "
+    md = ["# " + os.environ.get("REPORT_TITLE", "Time to accuracy against PyTorch DDP"), "",
+          f"Produced by `bench/time_to_accuracy_lab.sh` (raw outputs in "
+          f"`{results}/`; the setup of each run in its `setup.txt`). Emulated "
           "lab: 4 namespace nodes at half a CPU each (a 5th, for the PS server only), every link "
           "shaped both ways with tbf; full Fashion-MNIST (60,000 training, 10,000 test samples), "
           "batch 64 per worker (global 256), SGD lr 0.05, momentum 0.9, the same for every "
@@ -106,7 +113,9 @@ def main():
                                f"in {reached[best]['t85']:.1f} s against DDP's {ddp85:.1f} s "
                                f"({ddp85 / reached[best]['t85']:.2f}x sooner), final accuracy "
                                f"{reached[best]['final']:.4f} against DDP's {rows['ddp']['final']:.4f}")
-            for k2, k1 in (("ring_k2", "ring_k1"), ("ring_k2_q8", "ring_k1_q8")):
+            for k2, k1 in (("ring_k2", "ring_k1"), ("ring_k2_q8", "ring_k1_q8"),
+                           ("ring_k2_q4", "ring_k1_q4"), ("ring_k2_sign1", "ring_k1_sign1"),
+                           ("ring_k2_psgd4", "ring_k1_psgd4")):
                 a, b = rows.get(k2, {}).get("t85"), rows.get(k1, {}).get("t85")
                 if a and b:
                     summary.append(f"  - {LABELS[k2]} against {LABELS[k1]}: 0.85 in {a:.1f} s "
@@ -181,13 +190,13 @@ def timeline_table(results, model, rate):
             steps = len(spans.get("forward", [])) or 1
             cells = [f"{k} {sum(v) / steps:.1f}" for k, v in sorted(spans.items())
                      if k in ("forward", "backward", "predict", "update", "wait_aggregate",
-                              "allreduce", "encode", "decode", "reduce")]
+                              "allreduce", "encode", "decode", "reduce", "feedback")]
             out.append(f"| {LABELS[s]} ({name}) | {steps} | {', '.join(cells)} |")
     if not out:
         return []
     return (["Rank 0's timeline, mean milliseconds per step (`TIMELINE=1`; compute track: "
              "forward, backward, predict, update, wait_aggregate; communication track: allreduce "
-             "and, summed per step, its chunks' encode, reduce, decode):", "",
+             "and, summed per step, its chunks' encode, reduce, decode, feedback):", "",
              "| scheme | steps | ms per step |", "|---|---|---|"] + out + [""])
 
 
@@ -198,6 +207,9 @@ STYLE = {
     "ring_k1": "lc rgb '#1f78b4' dt 1", "ring_k1_q8": "lc rgb '#a6cee3' dt 1",
     "ring_k2_plain": "lc rgb '#e31a1c' dt 4", "ring_k2": "lc rgb '#33a02c' dt 1",
     "ring_k2_trunc16": "lc rgb '#6a3d9a' dt 1", "ring_k2_q8": "lc rgb '#b2df8a' dt 1",
+    "ring_k1_q4": "lc rgb '#fdbf6f' dt 1", "ring_k2_q4": "lc rgb '#ff7f00' dt 1",
+    "ring_k1_sign1": "lc rgb '#cab2d6' dt 1", "ring_k2_sign1": "lc rgb '#f781bf' dt 1",
+    "ring_k1_psgd4": "lc rgb '#80cdc1' dt 1", "ring_k2_psgd4": "lc rgb '#01665e' dt 1",
 }
 
 

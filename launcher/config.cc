@@ -609,6 +609,7 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Comm>(Comm::kStreamsFieldNumber), IntRange{1, 16}},
       {Field<Comm>(Comm::kWarmupStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<Comm>(Comm::kMinBytesFieldNumber), IntRange{0, std::nullopt}},
+      {Field<Comm>(Comm::kPowersgdRankFieldNumber), IntRange{0, 64}},
       {Field<Comm>(Comm::kIbPortFieldNumber), IntRange{0, 255}},
       {Field<Comm>(Comm::kGidIndexFieldNumber), IntRange{-1, 255}},
       {Field<config::Checkpoint>(config::Checkpoint::kEveryStepsFieldNumber), IntRange{0, std::nullopt}},
@@ -666,6 +667,7 @@ class Validator {
     Visit(job, &steps);
     CheckPipeline(job);
     CheckCompensation(job);
+    CheckPowerSgd(job);
     if (!errors_.empty()) {
       Throw(ErrorCode::kInvalidArgument, "{}", fmt::join(errors_, "\n"));
     }
@@ -862,18 +864,20 @@ class Validator {
 
   // A rounding option that the chosen codec does not use is a mistake, not a no-op.
   void CheckComm(const config::Comm& comm, std::vector<Step>* steps) {
-    auto check = [&](int number, bool set, config::Comm::Compression needs) {
-      if (!set || comm.compression() == needs) return;
+    auto check = [&](int number, bool set, std::initializer_list<config::Comm::Compression> needs) {
+      if (!set || std::find(needs.begin(), needs.end(), comm.compression()) != needs.end()) return;
+      std::vector<std::string> names;
+      for (auto n : needs) names.push_back(config::Comm::Compression_Name(n));
       steps->push_back({Field<config::Comm>(number), -1});
       Report(*steps, fmt::format("{} = true: applies only to compression: {} (compression is {})",
-                                 PathString(*steps), config::Comm::Compression_Name(needs),
+                                 PathString(*steps), fmt::join(names, " or "),
                                  config::Comm::Compression_Name(comm.compression())));
       steps->pop_back();
     };
     check(config::Comm::kRoundToNearestEvenFieldNumber, comm.round_to_nearest_even(),
-          config::Comm::trunc16);
+          {config::Comm::trunc16});
     check(config::Comm::kStochasticRoundingFieldNumber, comm.stochastic_rounding(),
-          config::Comm::q8);
+          {config::Comm::q8, config::Comm::q4});
     if (!comm.network_interface().empty()) {
       steps->push_back({Field<config::Comm>(config::Comm::kNetworkInterfaceFieldNumber), -1});
       try {
@@ -899,6 +903,34 @@ class Validator {
                               "prediction runs on host parameters); use NONE",
                               PathString(steps),
                               config::StalenessCompensation_Name(train.staleness_compensation())));
+  }
+
+  // PowerSGD replaces the ring's codec and needs what only the RING trainer on the CPU has.
+  void CheckPowerSgd(const config::Job& job) {
+    const int rank = job.comm().powersgd_rank();
+    if (rank <= 0) return;
+    std::vector<Step> steps{{Field<config::Job>(config::Job::kCommFieldNumber), -1},
+                            {Field<config::Comm>(config::Comm::kPowersgdRankFieldNumber), -1}};
+    const std::string path = PathString(steps);
+    auto refuse = [&](const std::string& why) {
+      Report(steps, fmt::format("{} = {}: {}", path, rank, why));
+    };
+    if (job.comm().compression() != config::Comm::none) {
+      refuse(fmt::format("PowerSGD replaces the codec; set comm.compression = none (it is {})",
+                         config::Comm::Compression_Name(job.comm().compression())));
+    }
+    if (job.train().mode() != config::RING) {
+      refuse(fmt::format("implemented for train.mode = RING only (it is {})",
+                         config::TrainMode_Name(job.train().mode())));
+    }
+    if (job.pipeline().stages() > 1) refuse("not implemented with pipeline stages");
+    if (job.model().device() == config::Model::CUDA) {
+      refuse("not implemented with model.device = CUDA");
+    }
+    if (!job.checkpoint().dir().empty()) {
+      refuse("not implemented with checkpoints (checkpoint.dir is set): the residual and the "
+             "warm-start factors are not saved");
+    }
   }
 
   void CheckPipeline(const config::Job& job) {

@@ -190,8 +190,9 @@ int main(int argc, char** argv) {
                        "Ring chunk size in bytes (K, M suffixes), or auto")
       ->capture_default_str();
   bench_ar->add_option("--compression", bench.compression,
-                       "Codec on the wire: none, trunc16, fp16 or q8 (sizes stay float32)")
-      ->check(CLI::IsMember({"none", "trunc16", "fp16", "q8"}))
+                       "Codec on the wire: none, trunc16, fp16, q8, q4 or sign1 (sizes stay "
+                       "float32)")
+      ->check(CLI::IsMember({"none", "trunc16", "fp16", "q8", "q4", "sign1"}))
       ->capture_default_str();
   bench_ar->add_option("--streams", bench.streams, "Connections per ring neighbour")
       ->check(CLI::Range(1, 16))

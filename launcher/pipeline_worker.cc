@@ -192,8 +192,15 @@ class PipelineMode : public train::TrainingMode {
     r.train_loss = sums[4] > 0 ? sums[3] / sums[4] : std::numeric_limits<double>::quiet_NaN();
     return r;
   }
+  // After the goodbye, a barrier of every rank: rank 0 hosts the scheduler of every stage and
+  // must not close it while a rank of another stage still waits for its answer (seen as "lost
+  // the group scheduler" on a loaded machine).
   void Finish(bool at_target) override {
-    if (at_target) groups_.Goodbye(trainer_.steps());
+    if (!at_target) return;
+    groups_.Goodbye(trainer_.steps());
+    std::vector<float> token = {0};
+    comm_.AllReduce(token, collective::ReduceOp::kSum, everyone_, Deadline::After(timeout_s_),
+                    nullptr, exact_);
   }
 
  private:

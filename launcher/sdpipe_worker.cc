@@ -78,9 +78,14 @@ class SdpipeMode : public train::TrainingMode {
     return r;
   }
   // Stopped at the target before the job's last round: one last request closes this rank's
-  // scheduler connection as expected (its answer is not used).
+  // scheduler connection as expected (its answer is not used). Then a barrier of every rank:
+  // rank 0 hosts the scheduler and must not close it while another rank still waits for its
+  // answer (seen as "lost the group scheduler" on a loaded machine).
   void Finish(bool at_target) override {
-    if (at_target) client_.Request(0, trainer_.steps() + 1, Deadline::After(timeout_s_), true);
+    if (!at_target) return;
+    client_.Request(0, trainer_.steps() + 1, Deadline::After(timeout_s_), true);
+    std::vector<float> token = {0};
+    trainer_.AllReduceAll(token, collective::ReduceOp::kSum);
   }
 
  private:

@@ -195,7 +195,7 @@ void RunProbe(const ProbeArgs& args) {
   // Codecs: encode + decode of the whole model in 256 Ki-element chunks.
   nlohmann::json codecs = nlohmann::json::array();
   codecs.push_back({{"name", "none"}, {"ratio", 1.0}, {"s_per_byte", 0.0}});
-  for (const char* name : {"trunc16", "fp16", "q8"}) {
+  for (const char* name : {"trunc16", "fp16", "q8", "q4", "sign1"}) {
     CodecOptions copt;
     copt.kind = ParseCodecKind(name);
     auto codec = MakeCodec(copt);
@@ -384,7 +384,14 @@ void RunModel(const ModelArgs& a) {
   }
   if (codecs.empty()) {
     // Without a probe: ratios of the codecs, their CPU cost unknown (0).
-    codecs = {{"none", 1, 0}, {"trunc16", 2, 0}, {"fp16", 2, 0}, {"q8", 4, 0}};
+    // Ratios of a 256 Ki-element chunk, as the probe measures them.
+    codecs = {{"none", 1, 0}, {"trunc16", 2, 0}, {"fp16", 2, 0}};
+    for (const char* name : {"q8", "q4", "sign1"}) {
+      CodecOptions copt;
+      copt.kind = ParseCodecKind(name);
+      const size_t chunk = 1 << 18;
+      codecs.push_back({name, 4.0 * chunk / static_cast<double>(MakeCodec(copt)->EncodedBytes(chunk)), 0});
+    }
   }
   const std::vector<double> chunks =
       a.chunk_bytes > 0 ? std::vector<double>{a.chunk_bytes} : train::DefaultChunkSizes();

@@ -20,6 +20,7 @@
 #include "core/base/check.h"
 #include "core/base/error.h"
 #include "core/base/log.h"
+#include "core/collective/powersgd.h"
 #include "core/collective/ring_allreduce.h"
 #include "core/data/dataset.h"
 #include "core/train/checkpoint.h"
@@ -132,6 +133,8 @@ collective::CommunicatorOptions CommunicatorOptionsFromConfig(const config::Job&
   static_assert(static_cast<int>(CodecKind::kTrunc16) == config::Comm::trunc16 &&
                 static_cast<int>(CodecKind::kFp16) == config::Comm::fp16 &&
                 static_cast<int>(CodecKind::kQ8) == config::Comm::q8 &&
+                static_cast<int>(CodecKind::kQ4) == config::Comm::q4 &&
+                static_cast<int>(CodecKind::kSign1) == config::Comm::sign1 &&
                 static_cast<int>(CodecKind::kNone) == config::Comm::none);
   const auto& comm_cfg = job.comm();
   collective::CommunicatorOptions o;
@@ -597,6 +600,22 @@ void RunWorker(const WorkerArgs& args) {
     }
   }
 #endif
+  // PowerSGD in place of the ring's codec (comm.powersgd_rank; the config checks rule out the
+  // GPU, checkpoints and the other modes).
+  std::unique_ptr<collective::PowerSgd> powersgd;
+  if (comm_cfg.powersgd_rank() > 0) {
+    std::vector<collective::PowerSgd::Matrix> matrices;
+    for (const auto& m : model->WeightMatrices()) matrices.push_back({m.offset, m.rows, m.cols});
+    collective::PowerSgdOptions po;
+    po.rank = comm_cfg.powersgd_rank();
+    po.seed = static_cast<uint64_t>(train_cfg.seed());
+    powersgd = std::make_unique<collective::PowerSgd>(*comm, params.size() + 1, matrices, po);
+    trainer_options.reducer = powersgd.get();
+    if (lead) {
+      PSGD_LOG_INFO("PowerSGD rank {}: {} of {} weight matrices travel as low-rank factors",
+                    po.rank, powersgd->compressed().size(), matrices.size());
+    }
+  }
   train::Trainer trainer(*comm, *objective, sgd, params, trainer_options);
   trainer.set_timeline(recorder.get());
   if (resumed) {

@@ -47,6 +47,7 @@ class Conv2d final : public Layer {
   Shape in_shape() const override { return in_; }
   Shape out_shape() const override { return out_; }
   size_t num_params() const override { return out_channels_ * patch_ + out_channels_; }
+  WeightMatrix weight_matrix() const override { return {out_channels_, patch_}; }
   // One sample's columns and their gradient (patch x pixels floats each): im2col is recomputed
   // in Backward rather than kept for the whole batch, which would need batch times as much
   // memory (tens of MB at the evaluation batch) for a copy that costs little next to the sgemm.

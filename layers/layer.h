@@ -69,6 +69,12 @@ class Layer {
   size_t out_features() const { return out_shape().size(); }
   // Number of float parameters this layer owns in the model's parameter buffer.
   virtual size_t num_params() const = 0;
+  // The layer's weight matrix, when its parameters begin with one (rows x cols, row-major): what
+  // a low-rank gradient compressor (PowerSGD) may approximate. Zero rows: none.
+  struct WeightMatrix {
+    size_t rows = 0, cols = 0;
+  };
+  virtual WeightMatrix weight_matrix() const { return {}; }
   // Bytes of scratch memory Forward and Backward need for `batch` samples (Pass::workspace).
   virtual size_t workspace_bytes(size_t batch) const { return 0; }
 

@@ -27,6 +27,7 @@ class Linear final : public Layer {
   Shape in_shape() const override { return in_shape_; }
   Shape out_shape() const override { return {out_, 1, 1}; }
   size_t num_params() const override { return out_ * in_ + out_; }
+  WeightMatrix weight_matrix() const override { return {out_, in_}; }
 
   void Init(std::span<float> params, Rng& rng) const override {
     PSGD_CHECK_EQ(params.size(), num_params());

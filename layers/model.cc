@@ -113,6 +113,15 @@ Shape Model::in_shape() const { return layers_.front()->in_shape(); }
 
 size_t Model::num_classes() const { return layers_.back()->out_features(); }
 
+std::vector<Model::ParamMatrix> Model::WeightMatrices() const {
+  std::vector<ParamMatrix> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer::WeightMatrix w = layers_[i]->weight_matrix();
+    if (w.rows > 0) out.push_back({param_offsets_[i], w.rows, w.cols});
+  }
+  return out;
+}
+
 std::string Model::Describe() const {
   std::string out;
   for (const auto& layer : layers_) {

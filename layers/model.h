@@ -50,6 +50,12 @@ class Model {
   // Bytes held for activations, their gradients and the layers' workspaces (at max_batch).
   size_t scratch_bytes() const;
 
+  // The layers' weight matrices in the parameter buffer, in layer order.
+  struct ParamMatrix {
+    size_t offset = 0, rows = 0, cols = 0;
+  };
+  std::vector<ParamMatrix> WeightMatrices() const;
+
   // Writes the initial parameters for `seed` (same seed -> bitwise same params, on any rank).
   void Init(std::span<float> params, uint64_t seed) const;
 

@@ -79,6 +79,9 @@ std::vector<Config> AllConfigs() {
       {"fp16", {CodecKind::kFp16, false, false, 0}},
       {"q8", {CodecKind::kQ8, false, false, 0}},
       {"q8_stochastic", {CodecKind::kQ8, false, true, 7}},
+      {"q4", {CodecKind::kQ4, false, false, 0}},
+      {"q4_stochastic", {CodecKind::kQ4, false, true, 7}},
+      {"sign1", {CodecKind::kSign1, false, false, 0}},
   };
 }
 
@@ -103,13 +106,16 @@ TEST(CodecKind, NamesRoundTrip) {
   EXPECT_EQ(CodecName(CodecKind::kTrunc16), "trunc16");
   EXPECT_EQ(CodecName(CodecKind::kFp16), "fp16");
   EXPECT_EQ(CodecName(CodecKind::kQ8), "q8");
-  for (CodecKind k : {CodecKind::kNone, CodecKind::kTrunc16, CodecKind::kFp16, CodecKind::kQ8}) {
+  EXPECT_EQ(CodecName(CodecKind::kQ4), "q4");
+  EXPECT_EQ(CodecName(CodecKind::kSign1), "sign1");
+  for (CodecKind k : {CodecKind::kNone, CodecKind::kTrunc16, CodecKind::kFp16, CodecKind::kQ8,
+                      CodecKind::kQ4, CodecKind::kSign1}) {
     EXPECT_EQ(ParseCodecKind(CodecName(k)), k);
   }
 }
 
 TEST(CodecKind, ParseRejectsUnknownNamesNamingTheValueAndTheChoices) {
-  for (const char* bad : {"q4", "", "FP16", "none "}) {
+  for (const char* bad : {"q2", "", "FP16", "none ", "sign"}) {
     try {
       ParseCodecKind(bad);
       FAIL() << "no throw for '" << bad << "'";
@@ -117,7 +123,7 @@ TEST(CodecKind, ParseRejectsUnknownNamesNamingTheValueAndTheChoices) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
       EXPECT_EQ(std::string(e.what()),
                 "unknown codec \"" + std::string(bad) +
-                    "\": expected one of none, trunc16, fp16, q8");
+                    "\": expected one of none, trunc16, fp16, q8, q4, sign1");
     }
   }
 }
@@ -136,6 +142,8 @@ TEST(MakeCodec, RejectsOptionsTheKindDoesNotUse) {
   expect_invalid({CodecKind::kQ8, true, false, 0}, "round_to_nearest_even");
   expect_invalid({CodecKind::kTrunc16, false, true, 0}, "stochastic_rounding");
   expect_invalid({CodecKind::kNone, false, true, 0}, "stochastic_rounding");
+  expect_invalid({CodecKind::kSign1, false, true, 0}, "stochastic_rounding applies to q8 and q4");
+  expect_invalid({CodecKind::kQ4, true, false, 0}, "round_to_nearest_even");
   expect_invalid({static_cast<CodecKind>(9), false, false, 0}, "unknown codec kind 9");
   // The seed is never rejected (a job may set it whatever the codec).
   EXPECT_EQ(MakeCodec({CodecKind::kFp16, false, false, 42})->kind(), CodecKind::kFp16);
@@ -149,7 +157,16 @@ TEST(Codec, EncodedBytesIsAPureFunctionOfTheCount) {
     EXPECT_EQ(Make(CodecKind::kFp16)->EncodedBytes(n), 2 * n);
     EXPECT_EQ(Make(CodecKind::kQ8)->EncodedBytes(n), 8 + n);
     EXPECT_EQ(Make(CodecKind::kQ8, false, true)->EncodedBytes(n), 8 + n);
+    const size_t groups = (n + 255) / 256;
+    EXPECT_EQ(Make(CodecKind::kQ4)->EncodedBytes(n), 8 * groups + (n + 1) / 2);
+    EXPECT_EQ(Make(CodecKind::kSign1)->EncodedBytes(n), 4 * groups + (n + 7) / 8);
   }
+  // By hand: 7 elements are one group; 2^20 are 4096.
+  EXPECT_EQ(Make(CodecKind::kQ4)->EncodedBytes(7), 12u);
+  EXPECT_EQ(Make(CodecKind::kSign1)->EncodedBytes(7), 5u);
+  EXPECT_EQ(Make(CodecKind::kQ4)->EncodedBytes(size_t{1} << 20), 557056u);
+  EXPECT_EQ(Make(CodecKind::kSign1)->EncodedBytes(size_t{1} << 20), 147456u);
+  EXPECT_EQ(Make(CodecKind::kQ4)->EncodedBytes(0), 0u);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -164,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, EveryCodec, ::testing::ValuesIn(AllConfigs()),
                          [](const auto& p) { return std::string(p.param.name); });
 
 TEST_P(EveryCodec, ZerosRoundTripBitwise) {
-  const bool keeps_sign = codec_->kind() != CodecKind::kQ8;
+  const bool keeps_sign = codec_->kind() != CodecKind::kQ8 && codec_->kind() != CodecKind::kQ4;
   for (size_t n : kLengths) {
     // +0.0 everywhere; then (where the format has a sign per element) alternating +0.0 / -0.0.
     std::vector<float> zeros(n, 0.0f);
@@ -260,7 +277,8 @@ TEST_P(EveryCodec, SizeMismatchIsAnInvariantViolation) {
   std::vector<float> src(7, 1.0f);
   std::vector<std::byte> too_small(codec_->EncodedBytes(7) - 1);
   std::vector<std::byte> right(codec_->EncodedBytes(7));
-  std::vector<float> too_many(8);
+  // 9, not 8: q4 and sign1 pack 7 and 8 elements into the same bytes.
+  std::vector<float> too_many(9);
   EXPECT_DEATH(codec_->Encode(src, too_small), "invariant violated");
   EXPECT_DEATH(codec_->Decode(right, too_many), "invariant violated");
   EXPECT_DEATH(codec_->DecodeAdd(right, too_many), "invariant violated");

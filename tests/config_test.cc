@@ -276,9 +276,13 @@ TEST_F(ConfigTest, CompressionSettings) {
                         "trunc16 (compression is fp16)"));
   EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm { stochastic_rounding: true }\n"),
               HasSubstr("comm.stochastic_rounding = true: applies only to compression: q8 "
-                        "(compression is none)"));
-  EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm { compression: q4 }\n"),
-              HasSubstr("q4"));
+                        "or q4 (compression is none)"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel) +
+                             "comm { compression: sign1 stochastic_rounding: true }\n"),
+              HasSubstr("comm.stochastic_rounding = true: applies only to compression: q8 "
+                        "or q4 (compression is sign1)"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm { compression: q2 }\n"),
+              HasSubstr("q2"));
   EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm { warmup_steps: -1 }\n"),
               HasSubstr("comm.warmup_steps = -1: expected an integer >= 0"));
 }
@@ -694,6 +698,23 @@ TEST_F(ConfigTest, ModelDeviceAndGpuIndex) {
 
 // Staleness compensation, synchronous warm-up, evaluation points and the target: values in
 // range load, the others are named with what was expected.
+TEST_F(ConfigTest, PowerSgdNeedsTheCpuRingWithoutACodecOrCheckpoints) {
+  config::Job job = LoadJobConfig(kShipped, {"comm.powersgd_rank=4"});
+  EXPECT_EQ(job.comm().powersgd_rank(), 4);
+  EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm { powersgd_rank: 65 }\n"),
+              HasSubstr("comm.powersgd_rank = 65"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel) + "comm { powersgd_rank: 2 compression: q8 }\n"),
+              HasSubstr("comm.powersgd_rank = 2: PowerSGD replaces the codec; set "
+                        "comm.compression = none (it is q8)"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel) +
+                             "comm { powersgd_rank: 2 }\ntrain { mode: PS_SYNC }\n"),
+              HasSubstr("comm.powersgd_rank = 2: implemented for train.mode = RING only (it is "
+                        "PS_SYNC)"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel) +
+                             "comm { powersgd_rank: 2 }\ncheckpoint { dir: \"/tmp/x\" }\n"),
+              HasSubstr("not implemented with checkpoints"));
+}
+
 TEST_F(ConfigTest, CompensationEvaluationAndTarget) {
   const config::Job job = LoadJobConfig(
       Write(kModel), {"train.staleness_compensation=momentum", "train.sync_warmup_steps=0",

@@ -51,7 +51,11 @@ const CodecCase kCodecs[] = {
     {"fp16", Codec(CodecKind::kFp16)},
     {"q8", Codec(CodecKind::kQ8)},
     {"q8_stochastic", Codec(CodecKind::kQ8, false, true)},
+    {"q4", Codec(CodecKind::kQ4)},
+    {"q4_stochastic", Codec(CodecKind::kQ4, false, true)},
+    {"sign1", Codec(CodecKind::kSign1)},
 };
+constexpr int kNumCodecs = sizeof(kCodecs) / sizeof(kCodecs[0]);
 
 class CompressedRing : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
@@ -90,14 +94,17 @@ TEST_P(CompressedRing, ReplicasAreIdenticalAndWithinBound) {
   size_t at = 0;
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
     for (uint64_t count : counts) {
-      // Every partial sum of element i lies within +-M (M = the largest sum of |inputs|, grown
-      // by 10% for errors carried from earlier hops), so each of the N encodes (N-1 hops, one
-      // all-gather) is off by at most ErrorBound(M, -M, M); an average divides it by N.
+      // Every partial sum lies within +-M, M = the sum over ranks of each rank's largest |input|
+      // (a decoded value never leaves its chunk's [min, max], or for sign1 its +-max |x|),
+      // grown by 10% for float rounding, so each of the N encodes (N-1 hops, one all-gather) is
+      // off by at most ErrorBound(M, -M, M); an average divides it by N. For sign1 that bound
+      // is M itself: one call alone can lose everything, which error feedback gives back later
+      // (CompressedRingErrorFeedback below).
       double m = 0;
-      for (uint64_t i = 0; i < count; ++i) {
-        double abs_sum = 0;
-        for (int r = 0; r < world; ++r) abs_sum += std::fabs(Input(r, i));
-        m = std::max(m, abs_sum);
+      for (int r = 0; r < world; ++r) {
+        double largest = 0;
+        for (uint64_t i = 0; i < count; ++i) largest = std::max(largest, std::fabs(double{Input(r, i)}));
+        m += largest;
       }
       m *= 1.1;
       double bound = world * codec->ErrorBound(m, -m, m);
@@ -119,7 +126,7 @@ TEST_P(CompressedRing, ReplicasAreIdenticalAndWithinBound) {
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndCodecs, CompressedRing,
                          ::testing::Combine(::testing::Values(2, 3, 4, 5, 8),
-                                            ::testing::Range(0, 5)),
+                                            ::testing::Range(0, kNumCodecs)),
                          [](const auto& param_info) {
                            return fmt::format("world{}_{}", std::get<0>(param_info.param),
                                               kCodecs[std::get<1>(param_info.param)].name);
@@ -195,6 +202,89 @@ TEST(CompressedRingErrorFeedback, SubStepValueIsTransmittedInTotal) {
     }
   }
 }
+
+// Error feedback at every encode: each rank encodes each element once per call, so over T calls
+// the results add up to the exact sums less the ranks' current residuals (kSum), or less their
+// sum over N (kAverage: residuals are kept in summed units). Before, only a rank's own
+// contribution was fed back, and the losses of the re-encoded partial sums at every later hop
+// were lost for good: for sign1 that is most of the gradient.
+class CompressedRingFeedback : public ::testing::TestWithParam<std::tuple<int, int, bool>> {};
+
+TEST_P(CompressedRingFeedback, ResultsAddUpToTheExactSumsLessTheResiduals) {
+  const int world = std::get<0>(GetParam());
+  const CodecCase& codec_case = kCodecs[std::get<1>(GetParam())];
+  const bool average = std::get<2>(GetParam());
+  const ReduceOp op = average ? ReduceOp::kAverage : ReduceOp::kSum;
+  const uint64_t count = 1500;
+  const int steps = 40;
+  CommunicatorOptions options;
+  options.chunk_bytes = 1024;  // several chunks, and groups, per block
+  options.codec = codec_case.codec;
+  options.error_feedback = true;
+  auto input = [](int rank, int step, uint64_t i) {
+    return Input(rank, static_cast<uint64_t>(step) * 100000 + i);
+  };
+  auto results = RunRanks(world, [&](const RankContext& ctx) {
+    auto comm = testing::ConnectRing(ctx, options);
+    std::vector<double> total(count, 0.0);
+    std::string replicas;  // every call's result, for the bitwise comparison across ranks
+    for (int step = 0; step < steps; ++step) {
+      std::vector<float> data(count);
+      for (uint64_t i = 0; i < count; ++i) data[i] = input(ctx.rank, step, i);
+      comm->AllReduce(data, op, Deadline::After(60));
+      for (uint64_t i = 0; i < count; ++i) total[i] += data[i];
+      replicas += PackFloats(data.data(), data.size());
+    }
+    std::vector<float> out(2 * count);
+    for (uint64_t i = 0; i < count; ++i) {
+      out[i] = static_cast<float>(total[i]);
+      out[count + i] = comm->residual()[i];
+    }
+    return PackFloats(out.data(), out.size()) + replicas;
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+  }
+  const size_t head = 2 * count * sizeof(float);
+  for (int r = 1; r < world; ++r) {
+    ASSERT_TRUE(results[r].output.substr(head) == results[0].output.substr(head))
+        << "rank " << r << " differs from rank 0";
+  }
+  std::vector<std::vector<float>> got(world);
+  for (int r = 0; r < world; ++r) got[r] = UnpackFloats(results[r].output.substr(0, head));
+  double worst = 0, worst_residual = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    double exact = 0;
+    for (int step = 0; step < steps; ++step) {
+      for (int r = 0; r < world; ++r) exact += input(r, step, i);
+    }
+    double residuals = 0;
+    for (int r = 0; r < world; ++r) {
+      residuals += got[r][count + i];
+      worst_residual = std::max(worst_residual, std::fabs(double{got[r][count + i]}));
+    }
+    if (average) {
+      exact /= world;
+      residuals /= world;
+    }
+    worst = std::max(worst, std::fabs(got[0][i] + residuals - exact));
+  }
+  // Float rounding only: per call a few roundings of values below ~2N per rank and hop, so
+  // 40 calls stay far below 1e-3 * N. The residuals themselves are up to a codec step
+  // (sign1: about the size of a partial sum).
+  EXPECT_LE(worst, 1e-3 * world) << codec_case.name << " world " << world
+                                 << ", largest residual " << worst_residual;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldsAndCodecs, CompressedRingFeedback,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 8),
+                                            ::testing::Values(3, 5, 7),  // q8, q4, sign1
+                                            ::testing::Bool()),
+                         [](const auto& param_info) {
+                           return fmt::format("world{}_{}_{}", std::get<0>(param_info.param),
+                                              kCodecs[std::get<1>(param_info.param)].name,
+                                              std::get<2>(param_info.param) ? "average" : "sum");
+                         });
 
 TEST(CompressedRingErrorFeedback, ResidualResetsWhenTheCountChanges) {
   CommunicatorOptions options;

@@ -326,6 +326,66 @@ Scheduler StartScheduler(collective::GroupCommunicator& comm, const GroupSchedul
   return s;
 }
 
+// With a lossy codec and error feedback, a rank's residual follows it from group to group,
+// whatever its position in each group's ring. Residuals are in summed units, so every round
+// keeps sum over ranks of (x + e) unchanged (up to float rounding): what a round's encodes
+// lost is exactly what the residuals hold. With a role-dependent unit (the owner of a block
+// keeping its loss in averaged units) this failed by up to a q4 step.
+TEST(GroupAveraging, ErrorFeedbackConservesParametersPlusResidualsAcrossChangingGroups) {
+  constexpr int kWorld = 4;
+  constexpr size_t kCount = 1001;
+  const std::vector<std::vector<std::vector<int>>> rounds = {
+      {{0, 2}, {1, 3}}, {{0, 1, 2}, {3}}, {{1, 2, 3}, {0}}, {{0, 1, 2, 3}}, {{0, 3}, {1, 2}}};
+  auto results = RunRanks(kWorld, [&](const RankContext& ctx) {
+    collective::CommunicatorOptions options;
+    options.chunk_bytes = 1024;
+    options.codec.kind = CodecKind::kQ4;
+    options.error_feedback = true;
+    auto barrier = testing::ConnectRing(ctx);
+    auto comm = ConnectGroup(ctx, options);
+    std::vector<float> x(kCount);
+    for (size_t i = 0; i < kCount; ++i) {
+      x[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(ctx.rank));
+    }
+    std::vector<float> out;
+    for (const auto& round : rounds) {
+      std::vector<float> token = {0};
+      barrier->AllReduce(token, collective::ReduceOp::kSum, Deadline::After(30));
+      for (const auto& group : round) {
+        if (std::find(group.begin(), group.end(), ctx.rank) == group.end()) continue;
+        comm->AllReduce(x, collective::ReduceOp::kAverage, group, Deadline::After(30));
+      }
+      out.insert(out.end(), x.begin(), x.end());
+      const auto e = comm->residual();
+      for (size_t i = 0; i < kCount; ++i) out.push_back(e.empty() ? 0.0f : e[i]);
+    }
+    return testing::PackFloats(out.data(), out.size());
+  });
+  std::vector<std::vector<float>> got(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    got[r] = testing::UnpackFloats(results[r].output);
+  }
+  double worst = 0, largest_residual = 0;
+  for (size_t i = 0; i < kCount; ++i) {
+    double before = 0;
+    for (int r = 0; r < kWorld; ++r) {
+      before += std::sin(0.37f * static_cast<float>(i) + static_cast<float>(r));
+    }
+    for (size_t k = 0; k < rounds.size(); ++k) {
+      double after = 0;
+      for (int r = 0; r < kWorld; ++r) {
+        const size_t at = k * 2 * kCount;
+        after += double{got[r][at + i]} + got[r][at + kCount + i];
+        largest_residual = std::max(largest_residual, std::fabs(double{got[r][at + kCount + i]}));
+      }
+      worst = std::max(worst, std::fabs(after - before));
+    }
+  }
+  EXPECT_GT(largest_residual, 1e-3);  // q4 did lose something
+  EXPECT_LT(worst, 1e-5) << "largest residual " << largest_residual;
+}
+
 TEST(SdpipeTrainer, ARankAloneSkipsSynchronization) {
   auto results = RunRanks(2, [](const RankContext& ctx) {
     auto comm = ConnectGroup(ctx, {});

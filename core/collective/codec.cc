@@ -8,6 +8,7 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
+#include "core/collective/codec_internal.h"
 
 namespace pipesgd {
 
@@ -16,18 +17,9 @@ static_assert(std::endian::native == std::endian::little,
               "codec.cc writes host-order words; port it before using a big-endian host");
 static_assert(std::numeric_limits<float>::is_iec559, "codecs assume IEEE-754 binary32 floats");
 
-namespace {
+namespace codec_internal {
 
-// Elements per inner loop: small enough for stack temporaries in L1, long enough to vectorize.
-constexpr size_t kBlock = 256;
-
-inline uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
-inline float FromBits(uint32_t b) { return std::bit_cast<float>(b); }
-// 1 if the fp32 bit pattern is an Inf or a NaN (exponent all ones), else 0.
-inline uint32_t NonFinite(uint32_t b) { return (b & 0x7f800000u) == 0x7f800000u ? 1u : 0u; }
-
-// Throws for the first non-finite element of src at or after `from` (there is one).
-[[noreturn]] void ThrowNonFinite(CodecKind kind, std::span<const float> src, size_t from) {
+void ThrowNonFinite(CodecKind kind, std::span<const float> src, size_t from) {
   for (size_t i = from; i < src.size(); ++i) {
     if (!std::isfinite(src[i])) {
       Throw(ErrorCode::kNumerical,
@@ -38,6 +30,16 @@ inline uint32_t NonFinite(uint32_t b) { return (b & 0x7f800000u) == 0x7f800000u 
   PSGD_CHECK(false && "ThrowNonFinite called on a finite chunk");
   std::abort();  // unreachable; keeps [[noreturn]] honest for the compiler
 }
+
+}  // namespace codec_internal
+
+namespace {
+
+using codec_internal::Bits;
+using codec_internal::FromBits;
+using codec_internal::kBlock;
+using codec_internal::NonFinite;
+using codec_internal::ThrowNonFinite;
 
 // ---------------------------------------------------------------------------------------------
 // none: the fp32 bits, unchanged.
@@ -279,8 +281,11 @@ uint64_t Mix64(uint64_t z) {  // the SplitMix64 finalizer (as in layers/rng.h)
   return z ^ (z >> 31);
 }
 
-// Sets mn, mx to the smallest and largest of in[0, n) (both 0 for n = 0); false if any element
-// is not finite. In kLanes independent lanes: a float min/max reduction does not vectorize
+}  // namespace
+
+namespace codec_internal {
+
+// In kLanes independent lanes: a float min/max reduction does not vectorize
 // without -ffast-math, but `x < lo ? x : lo` per lane is minps.
 bool MinMax(const float* in, size_t n, float& mn, float& mx) {
   constexpr size_t kLanes = 16;
@@ -312,21 +317,19 @@ bool MinMax(const float* in, size_t n, float& mn, float& mx) {
   return bad == 0;
 }
 
-}  // namespace
-
-namespace codec_internal {
-
-float Q8Scale(float mn, float mx) {
+float MinMaxScale(float mn, float mx, double levels) {
   const double range = static_cast<double>(mx) - static_cast<double>(mn);
   if (!(range > 0.0)) return 0.0f;
-  float scale = static_cast<float>(range / 255.0);
-  // Round up, so that no element's t = (x - min) / scale exceeds 255 (255 * scale is exact in
-  // double). This also keeps a positive range from getting scale 0.
-  if (static_cast<double>(scale) * 255.0 < range) {
+  float scale = static_cast<float>(range / levels);
+  // Round up, so that no element's t = (x - min) / scale exceeds `levels` (levels * scale is
+  // exact in double). This also keeps a positive range from getting scale 0.
+  if (static_cast<double>(scale) * levels < range) {
     scale = std::nextafter(scale, std::numeric_limits<float>::infinity());
   }
   return scale;
 }
+
+float Q8Scale(float mn, float mx) { return MinMaxScale(mn, mx, 255.0); }
 
 bool Q8FastPath(float mn, float scale) {
   return scale >= 0x1p-126f && scale <= 0x1p118f && std::fabs(mn) <= 0x1p126f;
@@ -347,19 +350,11 @@ NoiseKey MakeNoiseKey(uint64_t seed, uint64_t stream, uint64_t segment) {
 namespace {
 
 using codec_internal::MakeNoiseKey;
+using codec_internal::MinMax;
+using codec_internal::Noise;
 using codec_internal::NoiseKey;
 using codec_internal::Q8FastPath;
 using codec_internal::Q8Scale;
-inline float Noise(uint32_t index, NoiseKey key) {
-  uint32_t x = (index ^ key.hi) * 0x9e3779b9u + key.lo;
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return static_cast<float>(x >> 8) * 0x1p-24f;
-}
-
 class Q8Codec final : public Codec {
  public:
   static constexpr size_t kHeaderBytes = 2 * sizeof(float);
@@ -498,32 +493,35 @@ std::string_view CodecName(CodecKind kind) {
     case CodecKind::kTrunc16: return "trunc16";
     case CodecKind::kFp16: return "fp16";
     case CodecKind::kQ8: return "q8";
+    case CodecKind::kQ4: return "q4";
+    case CodecKind::kSign1: return "sign1";
   }
   return "unknown";
 }
 
 CodecKind ParseCodecKind(std::string_view name) {
-  for (CodecKind kind :
-       {CodecKind::kNone, CodecKind::kTrunc16, CodecKind::kFp16, CodecKind::kQ8}) {
+  for (CodecKind kind : {CodecKind::kNone, CodecKind::kTrunc16, CodecKind::kFp16, CodecKind::kQ8,
+                         CodecKind::kQ4, CodecKind::kSign1}) {
     if (name == CodecName(kind)) return kind;
   }
   Throw(ErrorCode::kInvalidArgument,
-        "unknown codec \"{}\": expected one of none, trunc16, fp16, q8", name);
+        "unknown codec \"{}\": expected one of none, trunc16, fp16, q8, q4, sign1", name);
 }
 
 std::unique_ptr<Codec> MakeCodec(const CodecOptions& options) {
   const CodecKind kind = options.kind;
   if (CodecName(kind) == "unknown") {
     Throw(ErrorCode::kInvalidArgument,
-          "unknown codec kind {}: expected 0 (none), 1 (trunc16), 2 (fp16) or 3 (q8)",
+          "unknown codec kind {}: expected 0 (none), 1 (trunc16), 2 (fp16), 3 (q8), 4 (q4) or "
+          "5 (sign1)",
           static_cast<int>(kind));
   }
   if (options.round_to_nearest_even && kind != CodecKind::kTrunc16) {
     Throw(ErrorCode::kInvalidArgument,
           "codec {}: round_to_nearest_even applies to trunc16 only", CodecName(kind));
   }
-  if (options.stochastic_rounding && kind != CodecKind::kQ8) {
-    Throw(ErrorCode::kInvalidArgument, "codec {}: stochastic_rounding applies to q8 only",
+  if (options.stochastic_rounding && kind != CodecKind::kQ8 && kind != CodecKind::kQ4) {
+    Throw(ErrorCode::kInvalidArgument, "codec {}: stochastic_rounding applies to q8 and q4 only",
           CodecName(kind));
   }
   switch (kind) {
@@ -531,6 +529,8 @@ std::unique_ptr<Codec> MakeCodec(const CodecOptions& options) {
     case CodecKind::kTrunc16: return std::make_unique<Trunc16Codec>(options);
     case CodecKind::kFp16: return std::make_unique<Fp16Codec>(options);
     case CodecKind::kQ8: return std::make_unique<Q8Codec>(options);
+    case CodecKind::kQ4: return codec_internal::MakeQ4Codec(options);
+    case CodecKind::kSign1: return codec_internal::MakeSign1Codec(options);
   }
   PSGD_CHECK(false && "unreachable");
   return nullptr;

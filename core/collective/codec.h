@@ -5,6 +5,9 @@
 // its upper 16 bits before it goes on the wire; `trunc16` is that codec (the result is bfloat16).
 // `fp16` (IEEE binary16) and `q8` (per-chunk min-max 8-bit quantization, optionally with the
 // unbiased stochastic rounding of QSGD, Alistarh et al., NeurIPS 2017) are the two others.
+// Below 8 bits (codec_lowbit.cc): `q4` (min-max quantization to 4 bits, one scale per group of
+// 256 elements) and `sign1` (the scaled sign of EF-SignSGD: 1 bit per element and the group's
+// mean |x|). They are meant to run with error feedback (CommunicatorOptions::error_feedback).
 //
 // How the ring uses a codec, chunk by chunk (the API is over spans of one chunk):
 //   reduce-scatter hop: DecodeAdd(received bytes, local fp32 chunk), then Encode(local chunk)
@@ -22,6 +25,11 @@
 //   fp16     n x uint16: IEEE binary16                                         2n bytes
 //   q8       fp32 min, fp32 scale, then n x uint8 codes; x = min + code*scale  8 + n bytes
 //            (EncodedBytes(0) = 8: an empty chunk still carries its 8-byte header)
+//   q4       per group of 256 (the last may be shorter): fp32 min, fp32 scale, then two 4-bit
+//            codes a byte (low nibble first); x = min + code*scale
+//                                                        8 * ceil(n/256) + ceil(n/2) bytes
+//   sign1    per group of 256: fp32 scale = mean |x|, then one sign bit an element (bit j%8 of
+//            byte j/8); x = +-scale                       4 * ceil(n/256) + ceil(n/8) bytes
 //
 // Errors: Encode throws Error(kNumerical) if the chunk holds a NaN or an infinity, naming the
 // element index (within the chunk) and the value; what it wrote to dst is then unspecified.
@@ -31,7 +39,8 @@
 //
 // Reproducibility: every codec is a deterministic function of (options, src, stream). Rounding
 // uses the default floating-point environment (round to nearest even); FTZ/DAZ do not change
-// any result.
+// any result, except sign1's scale of a group of subnormal values (its mean |x| is summed in
+// double from the floats, which DAZ reads as zero).
 //
 // Performance: Encode/Decode/DecodeAdd do no allocation and no virtual call per element; their
 // inner loops are branch-free and vectorize at the baseline x86-64 target (SSE2). Encode reads
@@ -46,9 +55,9 @@
 
 namespace pipesgd {
 
-enum class CodecKind : uint8_t { kNone = 0, kTrunc16 = 1, kFp16 = 2, kQ8 = 3 };
+enum class CodecKind : uint8_t { kNone = 0, kTrunc16 = 1, kFp16 = 2, kQ8 = 3, kQ4 = 4, kSign1 = 5 };
 
-// "none", "trunc16", "fp16", "q8" ("unknown" for a value outside the enum).
+// "none", "trunc16", "fp16", "q8", "q4", "sign1" ("unknown" for a value outside the enum).
 std::string_view CodecName(CodecKind kind);
 
 // The inverse of CodecName (exact, lower case). Throws Error(kInvalidArgument) naming the value
@@ -59,10 +68,10 @@ struct CodecOptions {
   CodecKind kind = CodecKind::kNone;
   // trunc16 only: round to nearest even on the 16 dropped bits instead of truncating.
   bool round_to_nearest_even = false;
-  // q8 only: code = floor(t) + (u < frac(t)) with u uniform in [0, 1) (unbiased), instead of
-  // round-to-nearest-even of t.
+  // q8 and q4 only: code = floor(t) + (u < frac(t)) with u uniform in [0, 1) (unbiased),
+  // instead of round-to-nearest-even of t.
   bool stochastic_rounding = false;
-  // q8 stochastic only: keys the noise, together with Encode's `stream` and the element index.
+  // q8/q4 stochastic only: keys the noise, together with Encode's `stream` and the element index.
   uint64_t seed = 0;
 };
 
@@ -91,7 +100,7 @@ class Codec {
   virtual size_t EncodedBytes(size_t n) const = 0;
 
   // Encodes src (n elements) into dst, which must be exactly EncodedBytes(n) bytes (PSGD_CHECK).
-  // `stream` is any caller value mixed into the stochastic-rounding noise (q8 stochastic only;
+  // `stream` is any caller value mixed into the stochastic-rounding noise (q8/q4 stochastic only;
   // ignored otherwise): the same (seed, stream, src) always gives the same bytes. Give each
   // Encode whose noise should be independent its own stream value, e.g.
   // (seq * world_size + rank) * max_chunks_per_rank + chunk_index; two ranks that encode with the
@@ -119,6 +128,10 @@ class Codec {
   //   q8 (stochastic)          scale   + slack
   //   q8 slack = scale * 2^-12 + A * 2^-20 + 2^-149: float rounding of (x - min) / scale and of
   //   min + code*scale, and of a subnormal result. A constant chunk (scale 0) is exact: 0.
+  //   q4                       as q8, with scale ~= (chunk_max - chunk_min) / 15 (a group's
+  //                            range lies inside the chunk's, so its step is no larger)
+  //   sign1                    max(|x|, A) * (1 + 2^-20) + 2^-149: ||x| - s| with s <= A; one
+  //                            encode can lose all of x, which error feedback gives back later
   // The 2^-133 / 2^-134 / 2^-25 / 2^-149 terms only matter in the format's subnormal range.
   virtual double ErrorBound(double x, double chunk_min, double chunk_max) const = 0;
 
@@ -130,7 +143,7 @@ class Codec {
 };
 
 // Throws Error(kInvalidArgument) for an unknown kind, or for a rounding option that the kind
-// does not use (round_to_nearest_even without trunc16, stochastic_rounding without q8), so that
+// does not use (round_to_nearest_even without trunc16, stochastic_rounding without q8 or q4), so that
 // a misconfigured job fails instead of silently ignoring a setting. `seed` is never rejected.
 std::unique_ptr<Codec> MakeCodec(const CodecOptions& options);
 

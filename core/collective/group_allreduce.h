@@ -67,6 +67,9 @@ class GroupCommunicator {
   // Distinct groups this rank has reduced in so far (cached rings).
   size_t cached_groups() const { return rings_.size(); }
   const WireStats& last_wire_stats() const { return stats_; }
+  // This rank's error-feedback residual, in summed units (Communicator::AllReduce), carried
+  // from group to group; empty before the first compressed call with error feedback.
+  std::span<const float> residual() const { return residual_; }
 
  private:
   // Connections to `peer` (one per stream), connecting to every peer in `peers` that has none.

@@ -236,36 +236,14 @@ void Communicator::PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t
   right_[index % right_.size()]->PostSend(slot.op);
 }
 
-void Communicator::ApplyErrorFeedback(std::span<float> data, const RingPlan& plan, uint64_t head,
-                                      uint64_t seq) {
-  if (residual_.size() != head) {
-    if (!residual_.empty()) {
-      PSGD_LOG_WARN("rank {}: error feedback: the compressed size changed from {} to {} elements; "
-                    "the residual restarts from zero",
-                    rank_, residual_.size(), head);
-    }
-    residual_.assign(head, 0.0f);
+void Communicator::PrepareErrorFeedback(uint64_t head) {
+  if (residual_.size() == head) return;
+  if (!residual_.empty()) {
+    PSGD_LOG_WARN("rank {}: error feedback: the compressed size changed from {} to {} elements; "
+                  "the residual restarts from zero",
+                  rank_, residual_.size(), head);
   }
-  std::byte* encoded = send_arena_.data();  // free until the ring starts
-  for (int b = 0; b < world_size_; ++b) {
-    for (uint64_t c = 0; c < plan.ChunksInBlock(b); ++c) {
-      const Range range = plan.Chunk(b, c);
-      if (range.offset >= head) continue;
-      std::span<float> x = data.subspan(range.offset, range.count);
-      std::span<float> e(residual_.data() + range.offset, range.count);
-      for (uint64_t i = 0; i < range.count; ++i) x[i] += e[i];
-      std::span<std::byte> bytes(encoded, codec_->EncodedBytes(range.count));
-      try {
-        codec_->Encode(x, bytes, seq);
-      } catch (const Error& error) {
-        throw error.Wrap(fmt::format("rank {}: error feedback, elements [{}, {})", rank_,
-                                     range.offset, range.offset + range.count));
-      }
-      std::copy(x.begin(), x.end(), e.begin());
-      codec_->Decode(bytes, x);
-      for (uint64_t i = 0; i < range.count; ++i) e[i] -= x[i];
-    }
-  }
+  residual_.assign(head, 0.0f);
 }
 
 void Communicator::WaitFor(transport::Op& o, int peer, Deadline deadline, const char* what,
@@ -451,17 +429,18 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
   if (send_slots_.size() < total_sends) send_slots_.resize(total_sends);
   const uint64_t max_chunk = std::min<uint64_t>(chunk_bytes / sizeof(float), plan.Block(0).count);
   Reserve(scratch_, max_chunk, scratch_region_);
+  const bool feedback = compress && options_.error_feedback;
   if (compress) {
-    // Error feedback encodes one chunk at a time into the send arena before the ring starts.
-    send_arena_bytes = std::max(send_arena_bytes, codec_->EncodedBytes(max_chunk));
     Reserve(send_arena_, send_arena_bytes, send_arena_region_);
     Reserve(recv_arena_, recv_arena_bytes, recv_arena_region_);
-    if (options_.error_feedback) ApplyErrorFeedback(data, plan, head, seq);
+    if (feedback) PrepareErrorFeedback(head);
   }
 
   uint64_t send_arena_used = 0, recv_arena_used = 0;
   // Sends chunk `index`, data[range], as float32 or encoded into its own send-arena region.
-  auto post_send = [&](uint64_t index, const Range& range) {
+  // `owner_average`: the owner's encode of an averaged block, whose residual is kept in summed
+  // units like every other (see AllReduce): e / N goes in, N (x - decoded) comes out.
+  auto post_send = [&](uint64_t index, const Range& range, bool owner_average = false) {
     const float* values = data.data() + range.offset;
     stats_.raw_payload_bytes += range.count * sizeof(float);
     if (!coded(range)) {
@@ -472,11 +451,19 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
     }
     std::span<std::byte> bytes(send_arena_.data() + send_arena_used, wire_bytes(range));
     send_arena_used += bytes.size();
+    // Error feedback at every encode (see AllReduce): this rank's residual of these elements
+    // goes into the value it encodes, and what the encode loses becomes the new residual.
+    const std::span<float> x(data.data() + range.offset, range.count);
+    const std::span<float> e =
+        feedback ? std::span<float>(residual_.data() + range.offset, range.count)
+                 : std::span<float>();
+    const float divisor = owner_average ? static_cast<float>(n) : 1.0f;
+    for (uint64_t i = 0; i < e.size(); ++i) x[i] += e[i] / divisor;
     try {
       timeline::Span span(timeline_, timeline::kComm, "encode", static_cast<int64_t>(index));
       // Distinct noise per (collective, rank, chunk) for stochastic rounding.
       const uint64_t stream = (seq * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(r) << 48) ^ index;
-      stats_.saturated += codec_->Encode({values, range.count}, bytes, stream).saturated;
+      stats_.saturated += codec_->Encode(x, bytes, stream).saturated;
     } catch (const Error& error) {
       throw error.Wrap(fmt::format("rank {}: compressing elements [{}, {}) of collective #{}", r,
                                    range.offset, range.offset + range.count, seq));
@@ -484,6 +471,15 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
     {
       timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(index));
       PostChunk(send_slots_[index], seq, op, data.size(), index, kind, bytes.data(), bytes.size());
+    }
+    if (feedback) {
+      // After the send is posted, off the ring's critical path. x ends as the decoded value:
+      // the block owner keeps exactly that, and every other block is overwritten by the
+      // all-gather.
+      timeline::Span span(timeline_, timeline::kComm, "feedback", static_cast<int64_t>(index));
+      std::copy(x.begin(), x.end(), e.begin());
+      codec_->Decode(bytes, x);
+      for (uint64_t i = 0; i < e.size(); ++i) e[i] = (e[i] - x[i]) * divisor;
     }
     return std::span<const std::byte>(bytes);
   };
@@ -563,9 +559,11 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
           }
         }
         if (k + 1 < steps) {
-          std::span<const std::byte> sent = post_send(send_base[k + 1] + c, range);
-          // The owner keeps what everyone else will decode, so every replica is the same.
-          if (k == n - 2 && encoded) codec_->Decode(sent, {values, range.count});
+          std::span<const std::byte> sent =
+              post_send(send_base[k + 1] + c, range, k == n - 2 && op == ReduceOp::kAverage);
+          // The owner keeps what everyone else will decode, so every replica is the same
+          // (error feedback has already decoded it in place).
+          if (k == n - 2 && encoded && !feedback) codec_->Decode(sent, {values, range.count});
         }
       } else {
         if (encoded) {

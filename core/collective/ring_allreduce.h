@@ -123,8 +123,9 @@ struct CommunicatorOptions {
   // A collective whose compressible part is smaller than this many bytes goes uncompressed:
   // for small messages latency, not bandwidth, dominates and the codec only adds error.
   uint64_t compression_min_bytes = 0;
-  // Error feedback (Seide et al. 2014; Karimireddy et al. 2019): this rank keeps, per element,
-  // what compression took from its contribution and adds it to its next compressed call.
+  // Error feedback (Seide et al. 2014; Karimireddy et al. 2019) at every encode: this rank keeps,
+  // per element, what its encode of that element lost and adds it to the value it encodes in
+  // the next compressed call (see AllReduce).
   bool error_feedback = false;
 };
 
@@ -203,10 +204,21 @@ class Communicator {
   // next hop; the owner of a reduced chunk encodes it once, replaces its own copy with the
   // decoded value, and the all-gather forwards those same bytes, so every rank ends with
   // bitwise the same result. The error against the exact sum is at most the codec's
-  // ErrorBound per encode times N encodes (N-1 hops and the all-gather). With error_feedback,
-  // this rank first adds its residual to data[0, count - exact_tail), encodes and decodes its
-  // contribution chunk by chunk (the ring's own chunks), and keeps what that lost as the next
-  // residual (reset to zero, with a warning, when the count changes).
+  // ErrorBound per encode times N encodes (N-1 hops and the all-gather).
+  //
+  // With error_feedback: each rank encodes every block exactly once per call (N-1 reduce-
+  // scatter sends, then its own block for the all-gather), so one residual per element, e, is
+  // the whole story. Before an encode of x (this rank's partial sum, or for its own block the
+  // reduced value), x += e; after it, e = x - Decode(Encode(x)). The losses of every hop are
+  // given back, not only those of the first, so over T calls the results add up to the exact
+  // sums less the current residuals: with op kSum, sum_t result_t + sum_ranks e = sum_t
+  // exact_t, up to float rounding. Residuals are kept in summed units whatever the rank's role
+  // (the owner of an averaged block adds e / N and keeps N times what it lost), so with kAverage
+  // sum_t result_t + (sum_ranks e) / N = sum_t exact_t, and a residual may move to another ring
+  // (SDPipe's groups). What one encode can lose is bounded by the codec (ErrorBound); the
+  // residual carries it to the next call. The residual covers data[0, count - exact_tail) and
+  // restarts from zero, with a warning, when that size changes. docs/compression.md has the
+  // derivation.
   //
   // Throws Error: kDataLoss (a neighbour disagrees: message names both ranks and both values),
   // kUnavailable (a neighbour is gone), kDeadlineExceeded, kAborted (*abort became true),
@@ -261,9 +273,8 @@ class Communicator {
   // collective's `deadline`, at least 1 s and at most 5 s.
   void NotifyAndClose(const Error& error, uint64_t seq, Deadline deadline);
 
-  // Error feedback on data[0, head): see AllReduce.
-  void ApplyErrorFeedback(std::span<float> data, const RingPlan& plan, uint64_t head,
-                          uint64_t seq);
+  // Sizes the error-feedback residual for data[0, head) (zero when the size changed).
+  void PrepareErrorFeedback(uint64_t head);
   // Grows `buffer` to at least `size` elements, keeping it registered with the transport.
   template <typename T>
   void Reserve(std::vector<T>& buffer, size_t size, std::unique_ptr<transport::MemoryRegion>& region);

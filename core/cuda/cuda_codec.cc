@@ -17,7 +17,13 @@ CudaCodec::CudaCodec(Context& ctx, const CodecOptions& options)
     : ctx_(ctx),
       cpu_(MakeCodec(options)),
       flags_(sizeof(EncodeFlags), ctx.device()),
-      host_flags_(sizeof(EncodeFlags), ctx.device()) {}
+      host_flags_(sizeof(EncodeFlags), ctx.device()) {
+  if (options.kind == CodecKind::kQ4 || options.kind == CodecKind::kSign1) {
+    Throw(ErrorCode::kInvalidArgument,
+          "codec {} has no GPU kernels: expected none, trunc16, fp16 or q8 on GPU {}",
+          CodecName(options.kind), ctx.device());
+  }
+}
 
 CudaCodec::~CudaCodec() = default;
 
@@ -43,6 +49,9 @@ EncodeStats CudaCodec::Encode(const float* src, size_t n, std::byte* dst, uint64
           CodecName(kind()), host->first_bad, n, value, device);
   };
   switch (kind()) {
+    case CodecKind::kQ4:
+    case CodecKind::kSign1:
+      break;  // refused by the constructor
     case CodecKind::kNone:
       // Non-finite check through the 16-bit kernel's flags would cost a pass; do the copy and
       // scan with MinMax, which flags non-finite values.
@@ -92,6 +101,9 @@ EncodeStats CudaCodec::Encode(const float* src, size_t n, std::byte* dst, uint64
 void CudaCodec::Run(const std::byte* src, float* dst, size_t n, bool add) {
   const int device = ctx_.device();
   switch (kind()) {
+    case CodecKind::kQ4:
+    case CodecKind::kSign1:
+      break;  // refused by the constructor
     case CodecKind::kNone:
       if (!add) {
         PSGD_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,

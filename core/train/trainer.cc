@@ -73,6 +73,10 @@ Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer
           device_->slots(), device_->slot_elems(), options.pipeline_width,
           options.pipeline_width, num_params_ + 1);
   }
+  if (options.reducer != nullptr && device_ != nullptr) {
+    Throw(ErrorCode::kInvalidArgument,
+          "a gradient reducer (PowerSGD) needs host gradient slots, not device ones");
+  }
   if (options.sync_warmup_steps < 0) {
     Throw(ErrorCode::kInvalidArgument, "synchronous steps {}: expected an integer >= 0",
           options.sync_warmup_steps);
@@ -129,6 +133,9 @@ void Trainer::CommLoop() {
       if (job->device_slot >= 0) {
         device_->AllReduce(job->device_slot, job->op, Deadline::After(options_.timeout_s),
                            &abort_, job->call);
+      } else if (job->gradient && options_.reducer != nullptr) {
+        options_.reducer->AllReduce(job->data, job->op, Deadline::After(options_.timeout_s),
+                                    &abort_, job->call);
       } else {
         comm_.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_,
                         job->call);
@@ -143,7 +150,9 @@ void Trainer::CommLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       if (job->gradient) {
         const collective::WireStats stats =
-            job->device_slot >= 0 ? device_->last_wire_stats() : comm_.last_wire_stats();
+            job->device_slot >= 0       ? device_->last_wire_stats()
+            : options_.reducer != nullptr ? options_.reducer->last_wire_stats()
+                                          : comm_.last_wire_stats();
         wire_.steps += 1;
         wire_.compressed_steps += stats.compressed ? 1 : 0;
         wire_.bytes_sent += stats.bytes_sent;
@@ -347,6 +356,11 @@ WireTotals Trainer::wire_totals() const {
 }
 
 TrainerSnapshot Trainer::Snapshot() {
+  if (options_.reducer != nullptr) {
+    Throw(ErrorCode::kInvalidArgument,
+          "checkpoints with a gradient reducer (comm.powersgd_rank) are not implemented: its "
+          "residual and warm-start factors are not saved");
+  }
   Sync();
   TrainerSnapshot snapshot;
   snapshot.steps = steps_;

@@ -35,6 +35,7 @@
 
 #include "core/base/error.h"
 #include "core/base/timeline.h"
+#include "core/collective/powersgd.h"
 #include "core/collective/ring_allreduce.h"
 
 namespace pipesgd::train {
@@ -177,6 +178,10 @@ struct TrainerOptions {
   DeviceGradients* device_gradients = nullptr;
   // With K >= 2; needs host gradient slots and an optimizer with Predict.
   StalenessCompensation compensation = StalenessCompensation::kNone;
+  // Reduces the gradient slots instead of one Communicator::AllReduce each (PowerSGD); needs
+  // host gradient slots; must outlive the trainer. Its state (residual, warm start) is not part
+  // of a TrainerSnapshot, so Snapshot refuses. Other collectives (AllReduce) stay plain.
+  collective::GradientReducer* reducer = nullptr;
   // Steps 0 .. sync_warmup_steps-1 are synchronous (each applies its own aggregate before the next
   // step is computed); the pipeline of width K starts after them (BytePS's
   // pipesgd_warmup_iter). The first pipelined step applies nothing, as step 0 does.

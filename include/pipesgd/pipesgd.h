@@ -68,7 +68,8 @@ struct ConnectOptions {
   uint64_t chunk_bytes = 1 << 20;
   int streams = 1;
   // Compression on the wire: kNone, kTrunc16 (bf16 by truncation), kFp16, kQ8 (8-bit with a
-  // per-chunk scale); error_feedback keeps what compression lost and adds it to the next call.
+  // per-chunk scale), kQ4 (4-bit, a scale per 256 elements), kSign1 (1-bit scaled sign);
+  // error_feedback keeps what each encode lost and adds it to the next call.
   // Buffers smaller than compression_min_bytes go uncompressed.
   CodecKind codec = CodecKind::kNone;
   bool error_feedback = false;
