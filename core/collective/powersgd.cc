@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "core/base/check.h"
 #include "core/base/error.h"
@@ -16,7 +17,7 @@ class Normal {
   float Next() {
     const double u1 = (static_cast<double>(Bits() >> 11) + 1.0) * 0x1p-53;  // (0, 1]
     const double u2 = static_cast<double>(Bits() >> 11) * 0x1p-53;
-    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
   }
 
  private:
