@@ -144,7 +144,7 @@ class Q4Codec final : public GroupCodec<Q4Codec> {
       std::memcpy(&scale, in + sizeof(float), sizeof(float));
       in += kHeaderBytes;
       float* out = dst.data() + begin;
-      uint8_t codes[kGroup + 1];
+      uint8_t codes[kGroup];  // len <= kGroup: the last index read is 2 * ceil(len/2) - 1 < kGroup
       const size_t bytes = (len + 1) / 2;
       for (size_t j = 0; j < bytes; ++j) {
         const auto b = static_cast<uint8_t>(in[j]);
