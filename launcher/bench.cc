@@ -1,5 +1,6 @@
 #include "launcher/bench.h"
 
+#include <bit>
 #include <chrono>
 #include <cctype>
 #include <cmath>
@@ -26,7 +27,17 @@ struct Result {
   double algbw = 0;
   double busbw = 0;
   int64_t wrong = 0;
+  int64_t differs_from_out_of_place = -1;  // compressed in-place pass: elements whose bits differ
+  bool ranks_agree = true;                 // every rank's result has the same bits
 };
+
+// FNV-1a over the result's bytes: equal results, equal hashes (compared across ranks).
+uint64_t Fnv1a(const std::vector<float>& data) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
+  for (size_t i = 0; i < data.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
 
 // Small integers so that every sum is exact in float: rank r, element i -> r + (i mod 97).
 float Pattern(int rank, uint64_t i) { return static_cast<float>(rank + static_cast<int>(i % 97)); }
@@ -153,7 +164,7 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   nlohmann::json rows = nlohmann::json::array();
   double busbw_total = 0;
   int busbw_count = 0;
-  std::vector<float> input, output;
+  std::vector<float> input, output, compressed_reference;
   std::unique_ptr<transport::MemoryRegion> input_region, output_region;  // destroyed before comm
   const std::unique_ptr<Codec> codec = compressed ? MakeCodec(options.codec) : nullptr;
   // Timings and counts travel uncompressed: a codec would round them (trunc16 keeps 8 bits).
@@ -197,7 +208,8 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
       for (int i = 0; i < args.iters; ++i) once();
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / args.iters;
 
-      double wrong = 0;
+      double wrong = 0, differs = 0;
+      uint64_t hash = 0;
       if (args.check) {
         refill();
         once();
@@ -209,18 +221,46 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
           for (uint64_t i = 0; i < count; ++i) {
             wrong += std::fabs(static_cast<double>(result[i]) - Expected(n, i)) > bound;
           }
+          // The codecs are deterministic (no stochastic rounding here): in place must give
+          // bitwise what out of place gave.
+          if (!in_place) {
+            compressed_reference = result;
+          } else {
+            for (uint64_t i = 0; i < count; ++i) {
+              differs += std::bit_cast<uint32_t>(result[i]) !=
+                         std::bit_cast<uint32_t>(compressed_reference[i]);
+            }
+          }
         } else {
           for (uint64_t i = 0; i < count; ++i) wrong += result[i] != Expected(n, i);
         }
+        hash = Fnv1a(result);
       }
-      // Mean time over ranks; wrong elements summed over ranks (exact below 2^24).
-      float stats[2] = {static_cast<float>(seconds), static_cast<float>(wrong)};
-      comm->AllReduce(std::span<float>(stats, 2), ReduceOp::kSum, deadline(), nullptr, kExact);
+      // Mean time over ranks; wrong elements summed over ranks (exact below 2^24); for the
+      // result's hash, per byte b the sums of b and b^2 (exact): the ranks hold the same bits iff
+      // n * sum(b^2) == sum(b)^2 for every byte.
+      float stats[4 + 16] = {static_cast<float>(seconds), static_cast<float>(wrong),
+                             static_cast<float>(differs), 0};
+      for (int k = 0; k < 8; ++k) {
+        const float b = static_cast<float>((hash >> (8 * k)) & 0xff);
+        stats[4 + 2 * k] = b;
+        stats[5 + 2 * k] = b * b;
+      }
+      comm->AllReduce(std::span<float>(stats), ReduceOp::kSum, deadline(), nullptr, kExact);
       Result& r = results[pass];
       r.time_us = stats[0] / n * 1e6;
       r.algbw = r.time_us > 0 ? bytes / (r.time_us * 1e-6) / 1e9 : 0;
       r.busbw = r.algbw * bus_factor;
       r.wrong = args.check ? static_cast<int64_t>(stats[1]) : -1;
+      r.differs_from_out_of_place = args.check ? static_cast<int64_t>(stats[2]) : -1;
+      bool same = true;
+      for (int k = 0; k < 8; ++k) {
+        const double sum = stats[4 + 2 * k], sum_sq = stats[5 + 2 * k];
+        same &= n * sum_sq == sum * sum;
+      }
+      r.ranks_agree = same;
+      // A bit mismatch between ranks or between in place and out of place is wrong too.
+      if (args.check) r.wrong += r.differs_from_out_of_place + (same ? 0 : 1);
       if (pass < 2) {
         busbw_total += r.busbw;
         ++busbw_count;
@@ -247,7 +287,13 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
       std::fflush(stdout);
       auto as_json = [&](const Result& r) {
         nlohmann::json j = {{"time_us", r.time_us}, {"algbw_gbs", r.algbw}, {"busbw_gbs", r.busbw}};
-        if (r.wrong >= 0) j["wrong"] = r.wrong;
+        if (r.wrong >= 0) {
+          j["wrong"] = r.wrong;
+          j["same_bits_on_every_rank"] = r.ranks_agree;
+        }
+        if (r.differs_from_out_of_place >= 0) {
+          j["differs_from_out_of_place"] = r.differs_from_out_of_place;
+        }
         if (args.link_gbps > 0) j["busbw_link_share"] = r.busbw * 8 / args.link_gbps;
         return j;
       };
@@ -273,6 +319,7 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
       if (!out) Throw(ErrorCode::kIo, "--json {}: cannot write: {}", args.json_path, std::strerror(errno));
     }
   }
+  if (env.relay) env.relay->Goodbye();  // a normal end (transport/failure_relay.h)
 }
 
 }  // namespace pipesgd::launcher

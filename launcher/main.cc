@@ -4,6 +4,7 @@
 //   pipesgd worker CONFIG      (one rank; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from env)
 //   pipesgd bench allreduce --np 4 [--transport tcp|ucx|ibverbs|auto] ...
 //   pipesgd info               (transports, RDMA devices, GPUDirect, BLAS of this build and host)
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -392,6 +393,10 @@ int main(int argc, char** argv) {
   } catch (const pipesgd::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what());
+    const char* rank = std::getenv("RANK");
+    if (*worker_cmd && e.culprit() >= 0 && rank && std::to_string(e.culprit()) != rank) {
+      return pipesgd::launcher::kExitBecauseOfAnotherRank;
+    }
     return 1;
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);

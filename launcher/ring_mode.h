@@ -8,6 +8,7 @@
 #include "configs/pipesgd.pb.h"
 #include "core/train/run_loop.h"
 #include "core/train/trainer.h"
+#include "launcher/fault.h"
 #include "layers/model.h"
 
 namespace pipesgd::launcher {
@@ -25,7 +26,10 @@ class RingMode : public train::TrainingMode {
         comm_(comm) {}
 
   int64_t steps() const override { return trainer_.steps(); }
-  void Step() override { trainer_.Step(); }
+  void Step() override {
+    MaybeInjectFault(rank_, "step", trainer_.steps() + 1);
+    trainer_.Step();
+  }
   void AfterStep() override {
     if (checkpoint_.every_steps() > 0 && trainer_.steps() % checkpoint_.every_steps() == 0) {
       save_checkpoint_();

@@ -64,6 +64,21 @@ std::string Trimmed(const std::string& text) {
   return t.empty() ? "(no message)" : t;
 }
 
+// The preflight's remote command: the probe in a process group of its own (setsid, util-linux:
+// every Debian host has it), and a watcher that
+// kills that group when the ssh session's stdin closes (the launcher gave up on the probe, or
+// died). Without it a probe that hangs on the other host (no tty: no SIGHUP) would outlive the
+// launcher there. The exit status is the probe's (127: no such binary). The watcher reads fd 3
+// (a copy of stdin), since a background list's own stdin is /dev/null.
+std::string ProbeCommand(const std::string& binary) {
+  const std::string script =
+      "exec 3<&0; setsid \"$1\" remote-probe </dev/null & p=$!; "
+      "{ cat <&3 >/dev/null; kill -KILL -$p || kill -KILL $p; } >/dev/null 2>&1 & w=$!; "
+      "exec 3<&-; "
+      "wait $p; s=$?; kill $w 2>/dev/null; exit $s";
+  return "exec sh -c " + ShellQuote(script) + " pipesgd-preflight " + ShellQuote(binary);
+}
+
 // Runs the probes on every host at once; returns each one's output, within the deadline
 // (probes still running then are killed and marked timed out).
 std::vector<Probe> RunProbes(const SshOptions& ssh, const std::vector<std::string>& hosts,
@@ -73,8 +88,10 @@ std::vector<Probe> RunProbes(const SshOptions& ssh, const std::vector<std::strin
   for (size_t i = 0; i < hosts.size(); ++i) {
     probes[i].host = hosts[i];
     ChildSpec spec;
-    spec.argv = SshArgv(ssh, hosts[i], "exec " + ShellQuote(binary) + " remote-probe");
-    spec.stdin_pipe = true;  // closed at once: ssh must not read the launcher's terminal
+    spec.argv = SshArgv(ssh, hosts[i], ProbeCommand(binary));
+    // Held open while the probe runs (ssh must not read the launcher's terminal either): its
+    // end, when ssh ends, is what stops a probe that hangs on the other host.
+    spec.stdin_pipe = true;
     try {
       children[i] = SpawnChild(spec, fmt::format("ssh to {}", hosts[i]));
     } catch (const Error&) {
@@ -85,15 +102,20 @@ std::vector<Probe> RunProbes(const SshOptions& ssh, const std::vector<std::strin
       }
       throw;
     }
-    close(children[i].stdin_fd);
-    children[i].stdin_fd = -1;
   }
+  auto close_stdin = [](Child& c) {
+    if (c.stdin_fd >= 0) close(c.stdin_fd);
+    c.stdin_fd = -1;
+  };
   while (true) {
     bool done = true;
     for (size_t i = 0; i < children.size(); ++i) {
       if (!probes[i].exit_status) {
         int st = 0;
-        if (waitpid(children[i].pid, &st, WNOHANG) == children[i].pid) probes[i].exit_status = st;
+        if (waitpid(children[i].pid, &st, WNOHANG) == children[i].pid) {
+          probes[i].exit_status = st;
+          close_stdin(children[i]);
+        }
       }
       done &= probes[i].exit_status.has_value() && children[i].out_fd < 0 &&
               children[i].err_fd < 0;
@@ -102,10 +124,12 @@ std::vector<Probe> RunProbes(const SshOptions& ssh, const std::vector<std::strin
     if (deadline.expired()) {
       for (size_t i = 0; i < children.size(); ++i) {
         if (!probes[i].exit_status) {
+          // The session's end closes the remote watcher's stdin, which kills the probe there.
           kill(children[i].pid, SIGKILL);
           waitpid(children[i].pid, nullptr, 0);
           probes[i].timed_out = true;
         }
+        close_stdin(children[i]);
         for (int* fd : {&children[i].out_fd, &children[i].err_fd}) {
           if (*fd >= 0) close(*fd);
           *fd = -1;

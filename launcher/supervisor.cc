@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "launcher/config.h"
+#include "launcher/worker.h"
 
 namespace pipesgd::launcher {
 namespace {
@@ -60,7 +62,8 @@ class SignalCatcher {
   int fd() const { return g_signal_pipe[0]; }
 };
 
-// Reserves a free port for the rendezvous: a socket bound with SO_REUSEADDR but not listening.
+// Reserves a port for the rendezvous (`port` 0: a free one; else that one, which must be free): a
+// socket bound with SO_REUSEADDR but not listening.
 // While it stays open the kernel hands the port to no outgoing connection, yet rank 0 can still
 // bind and listen on it (also with SO_REUSEADDR). Closing a probe socket instead would leave a
 // window in which any connection on the machine could take the port.
@@ -72,11 +75,12 @@ struct ReservedPort {
   }
 };
 
-void ReservePort(const std::string& addr, ReservedPort* reserved) {
+void ReservePort(const std::string& addr, uint16_t port, ReservedPort* reserved) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_port = 0;
+  sa.sin_port = htons(port);
   if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
+    if (port != 0) return;  // a host name: rank 0 resolves it, and fails clearly if it must
     Throw(ErrorCode::kInvalidArgument,
           "--master-addr {}: expected a numeric IPv4 address of this machine when no "
           "--master-port is given",
@@ -88,6 +92,17 @@ void ReservePort(const std::string& addr, ReservedPort* reserved) {
       bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
     const int err = errno;
     if (fd >= 0) close(fd);
+    if (port != 0 && err == EADDRINUSE) {
+      Throw(ErrorCode::kUnavailable,
+            "--master-port {}: the port is in use on {} (another job or program listens "
+            "there); no rank was started. Pick another port, or leave --master-port out for a "
+            "free one",
+            port, addr);
+    }
+    if (port != 0) {
+      Throw(ErrorCode::kIo, "--master-port {}: cannot bind it on {}: {}", port, addr,
+            std::strerror(err));
+    }
     Throw(ErrorCode::kIo, "cannot reserve a port on {}: {}", addr, std::strerror(err));
   }
   socklen_t len = sizeof(sa);
@@ -167,6 +182,9 @@ std::string Describe(const Rank& r, int status, bool remote) {
   if (RemoteSignalStatus(code)) {
     return fmt::format("exited with status {}: its worker was killed by signal {} ({})", code,
                        code - 128, strsignal(code - 128));
+  }
+  if (code == kExitBecauseOfAnotherRank) {
+    return fmt::format("exited with status {} (it failed because of another rank)", code);
   }
   return fmt::format("exited with status {}", code);
 }
@@ -411,7 +429,14 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
   }
 
   if (!failures.empty()) {
+    // A death first, else a rank that failed on its own (not because of another rank).
     Failure chosen = failures.front();
+    for (const auto& f : failures) {
+      if (ExitCodeOf(f.status) != kExitBecauseOfAnotherRank) {
+        chosen = f;
+        break;
+      }
+    }
     for (const auto& f : failures) {
       if (IsRootCause(f.status, options.remote)) {
         chosen = f;
@@ -453,8 +478,12 @@ int RunLocal(const RunArgs& args) {
   ReservedPort reserved;  // held until every worker has exited
   uint16_t port = static_cast<uint16_t>(args.master_port);
   if (port == 0) {
-    ReservePort(args.master_addr, &reserved);
+    ReservePort(args.master_addr, 0, &reserved);
     port = reserved.port;
+  } else {
+    // An explicit port is checked (and held) before any rank starts: with a stranger listening
+    // there, the ranks would knock at its door instead of rank 0's.
+    ReservePort(args.master_addr, port, &reserved);
   }
   const std::string token = RandomToken();
 

@@ -331,6 +331,7 @@ void RunProbe(const ProbeArgs& args) {
     out << j.dump(2) << "\n";
     if (!out) Throw(ErrorCode::kIo, "probe --json {}: cannot write", args.json_path);
   }
+  if (env.relay) env.relay->Goodbye();  // a normal end (transport/failure_relay.h)
 }
 
 void RunModel(const ModelArgs& a) {

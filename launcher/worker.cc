@@ -36,6 +36,7 @@
 #include "launcher/config.h"
 #include "launcher/model_builder.h"
 #include "launcher/pipeline_worker.h"
+#include "launcher/fault.h"
 #include "launcher/ring_mode.h"
 #include "launcher/sdpipe_worker.h"
 #include "launcher/worker_detail.h"
@@ -226,6 +227,16 @@ transport::TransportKind ResolveTransport(const config::Comm& comm, int rank) {
   Throw(ErrorCode::kInvalidArgument, "comm.transport = {}: unknown", static_cast<int>(comm.transport()));
 }
 
+namespace {
+
+// A deadline error with the setting that bounds it appended (same code and culprit).
+Error WithTimeoutSetting(const Error& e, const std::string& timeout_setting) {
+  Error out(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
+  return out.set_culprit(e.culprit());
+}
+
+}  // namespace
+
 ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, int streams,
                                     const config::Comm& comm, const std::vector<int>& peers,
                                     Deadline deadline, const std::string& timeout_setting) {
@@ -290,12 +301,15 @@ ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, i
   transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, env.world_size,
                                    fmt::format("{}resolved transport: {}\n", job, kind_name),
                                    env.job_token};
+  rdv.data_host = iface_address;
+  rdv.relay = env.relay.get();
+  MaybeInjectFault(env.rank, "rendezvous");
   try {
     auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
     return {std::move(transport), std::move(addresses), topt.bind_host};
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
-    throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
+    throw WithTimeoutSetting(e, timeout_setting);
   }
 }
 
@@ -307,12 +321,13 @@ std::unique_ptr<collective::Communicator> ConnectRing(const JobEnv& env, const s
       ConnectTransport(env, job, options.streams, comm,
                        collective::Communicator::RingPeers(env.rank, env.world_size), deadline,
                        timeout_setting);
+  MaybeInjectFault(env.rank, "ring_setup");
   try {
     return collective::Communicator::Create(std::move(t.transport), env.world_size, t.addresses,
                                             options, deadline);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
-    throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
+    throw WithTimeoutSetting(e, timeout_setting);
   }
 }
 
@@ -327,7 +342,7 @@ PeerLinks ConnectPeers(const JobEnv& env, const std::string& job, const std::vec
     links.connections = transport->Connect(targets, deadline, 1);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
-    throw Error(e.code(), fmt::format("{} ({})", e.what(), timeout_setting));
+    throw WithTimeoutSetting(e, timeout_setting);
   }
   links.transport = std::move(transport);
   return links;
@@ -360,6 +375,10 @@ JobEnv ReadJobEnv() {
   if (const char* port = std::getenv("MASTER_PORT"); port && *port) {
     env.master_port = static_cast<uint16_t>(
         ParseIntVar("MASTER_PORT", port, 1, 65535, "a TCP port in [1, 65535]"));
+  }
+  if (env.world_size > 1) {
+    env.relay = std::make_shared<transport::FailureRelay>(transport::RendezvousOptions{
+        env.master_addr, env.master_port, env.rank, env.world_size, "", env.job_token});
   }
   return env;
 }
@@ -421,9 +440,33 @@ checkpoint::Checkpoint AgreeOnCheckpoint(collective::Communicator& comm,
 
 }  // namespace
 
+namespace {
+void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point start);
+}  // namespace
+
 void RunWorker(const WorkerArgs& args) {
   const auto start = Clock::now();
   const JobEnv env = ReadJobEnv();
+  try {
+    RunWorkerJob(args, env, start);
+  } catch (const Error& e) {
+    if (!env.relay) throw;
+    // Every rank names the same failed rank: rank 0 decides (transport/failure_relay.h).
+    throw transport::FailureRelay::Explain(e, env.rank, env.relay->Report(e));
+  } catch (const std::bad_alloc&) {
+    if (env.relay) env.relay->Report(Error(ErrorCode::kInternal, fmt::format("rank {}: out of memory", env.rank)));
+    throw;
+  } catch (const std::exception& e) {
+    if (!env.relay) throw;
+    const Error error(ErrorCode::kInternal, fmt::format("rank {}: unexpected failure: {}", env.rank, e.what()));
+    throw transport::FailureRelay::Explain(error, env.rank, env.relay->Report(error));
+  }
+  if (env.relay) env.relay->Goodbye();
+}
+
+namespace {
+
+void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point start) {
   const bool lead = env.rank == 0;
   const config::Job job = LoadJobConfig(args.config_path, args.overrides);
   const auto& train_cfg = job.train();
@@ -551,7 +594,8 @@ void RunWorker(const WorkerArgs& args) {
       Throw(ErrorCode::kInvalidArgument,
             "--resume: the checkpoint of step {} in {} was written by another job: {}",
             resumed->steps(), ckpt_cfg.dir(),
-            transport::DescribeJobDifference(resumed->job(), env.rank, job_text, env.rank));
+            transport::DescribeJobDifference(resumed->job(), "the checkpoint", job_text,
+                                             "this job"));
     }
     if (resumed->world_size() != env.world_size ||
         resumed->params_size() != static_cast<int>(params.size())) {
@@ -701,8 +745,7 @@ void RunWorker(const WorkerArgs& args) {
     } catch (...) {
     }
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
-    throw Error(e.code(),
-                fmt::format("{} (comm.timeout_s = {} s)", e.what(), comm_cfg.timeout_s()));
+    throw WithTimeoutSetting(e, fmt::format("comm.timeout_s = {} s", comm_cfg.timeout_s()));
   } catch (...) {
     // Let in-flight collectives finish on every rank before the trainer goes away, so this
     // rank's failure does not turn into a confusing connection error on its peers.
@@ -739,5 +782,7 @@ void RunWorker(const WorkerArgs& args) {
     }
   }
 }
+
+}  // namespace
 
 }  // namespace pipesgd::launcher

@@ -10,8 +10,13 @@
 #include "configs/pipesgd.pb.h"
 #include "core/base/deadline.h"
 #include "core/collective/ring_allreduce.h"
+#include "transport/failure_relay.h"
 
 namespace pipesgd::launcher {
+
+// The exit status of a worker that failed because of another rank (the job's failure relay
+// blamed that rank): `pipesgd run` reports a rank that failed on its own instead.
+inline constexpr int kExitBecauseOfAnotherRank = 3;
 
 struct WorkerArgs {
   std::string config_path;
@@ -38,6 +43,10 @@ struct JobEnv {
   uint16_t master_port = 29500;
   std::string job_token;
   std::string host;
+  // The job's failure relay (transport/failure_relay.h): the first rendezvous attaches its
+  // connections; RunWorker reports a failure through it so that every rank names the same
+  // failed rank. Null for a single process.
+  std::shared_ptr<transport::FailureRelay> relay;
 };
 
 // What every rank of a job must agree on, compared at rendezvous: the program version and the

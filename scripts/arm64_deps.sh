@@ -13,7 +13,7 @@ PACKAGES=(
   protobuf-compiler cmake ninja-build pkg-config
   # arm64 libraries of the minimal build (TCP + CPU; no UCX, verbs, CUDA)
   libprotobuf-dev:arm64 libboost-dev:arm64 libopenblas-dev:arm64
-  libspdlog-dev:arm64 libfmt-dev:arm64 zlib1g-dev:arm64
+  libspdlog-dev:arm64 libfmt-dev:arm64 zlib1g-dev:arm64 libssl-dev:arm64
   libgtest-dev:arm64 nlohmann-json3-dev
 )
 missing=()

@@ -13,6 +13,8 @@ PACKAGES=(
   libopenblas-dev
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   zlib1g-dev
+  # libcrypto: HMAC-SHA256 proofs of the job token (transport/auth.h)
+  libssl-dev
   # optional transports: UCX (transport/ucx) and ibverbs (transport/ibverbs); ucx_info, ibv_devinfo
   libucx-dev ucx-utils libibverbs-dev rdma-core ibverbs-utils
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -306,5 +306,27 @@ TEST(ResumeErrors, NoCheckpointDirOrNoCheckpointIsAClearError) {
   EXPECT_NE(r.err.find("rank(s) 0, 1 have no valid checkpoint"), std::string::npos) << r.err;
 }
 
+// The checkpoint's job and this job are told apart by name (it once read "rank 1 has
+// `timeout_s: 10`, rank 1 has `timeout_s: 120`").
+TEST(ResumeErrors, ADifferentJobNamesTheCheckpointAndThisJob) {
+  TempDir dir;
+  const std::vector<std::string> base = {kBinary, "run", "-np", "2", kConfig, "--set",
+                                         "data.train_limit=640", "--set", "train.epochs=1",
+                                         "--set", "data.test_limit=200", "--set",
+                                         "checkpoint.dir=" + dir.path().string()};
+  auto first = base;
+  first.insert(first.end(), {"--set", "comm.timeout_s=10"});
+  auto r = testing::RunCommand(first, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto again = base;
+  again.insert(again.end(), {"--set", "comm.timeout_s=120", "--resume"});
+  r = testing::RunCommand(again, {}, 120);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("was written by another job: in comm: the checkpoint has `timeout_s: 10`, "
+                       "this job has `timeout_s: 120`"),
+            std::string::npos)
+      << r.err;
+}
+
 }  // namespace
 }  // namespace pipesgd

@@ -683,6 +683,11 @@ TEST(Bench, CompressionColumnsAndBounds) {
     EXPECT_EQ(row.at("out_of_place").at("wrong"), 0);
     EXPECT_EQ(row.at("in_place").at("wrong"), 0);
     EXPECT_EQ(row.at("in_place_uncompressed").at("wrong"), 0);
+    // In place gives bitwise what out of place gave, and every rank holds the same bits.
+    EXPECT_EQ(row.at("in_place").at("differs_from_out_of_place"), 0);
+    for (const char* pass : {"out_of_place", "in_place", "in_place_uncompressed"}) {
+      EXPECT_TRUE(row.at(pass).at("same_bits_on_every_rank").get<bool>()) << pass;
+    }
     EXPECT_NEAR(row.at("speedup_over_none").get<double>(),
                 row.at("in_place_uncompressed").at("time_us").get<double>() /
                     row.at("in_place").at("time_us").get<double>(),

@@ -3,7 +3,10 @@
 // tier's), the job token, the per-network flags and per-rank output files.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -269,6 +272,31 @@ TEST(Run, LocalWorkersShareAJobTokenThatIsOnNoCommandLine) {
   waitpid(run, &status, 0);
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+}
+
+// A stranger already listening on an explicit --master-port: nothing starts, and the launcher
+// says why (before, every rank but 0 sent its hello, token and config to the stranger, and the
+// launcher's last line named a random rank).
+TEST(Run, AnExplicitMasterPortInUseIsRefusedBeforeAnyRankStarts) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t len = sizeof(a);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  const auto r = RunCommand(Args({kBinary, "run", "-np", "4", kConfig, "--master-port", port}, kShort),
+                            {}, 60);
+  close(listener);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("--master-port " + port + ": the port is in use on 127.0.0.1 (another "
+                       "job or program listens there); no rank was started"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("[rank"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("[rank"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <thread>
@@ -17,7 +18,10 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "tests/support/multiproc.h"
+#include "transport/auth.h"
+#include "transport/message_io.h"
 #include "transport/rendezvous.h"
+#include "transport/wire.pb.h"
 
 namespace pipesgd {
 namespace {
@@ -237,21 +241,29 @@ TEST(Rendezvous, ConnectionWithoutTheTokenIsRefusedLoggedAndTheJobCarriesOn) {
   EXPECT_EQ(results[1].output, "0;1;2;\n");
   const std::string& out2 = results[2].output;
   EXPECT_EQ(out2.substr(0, 7), "0;1;2;\n");
-  // kInvalidArgument (code 0), naming rank 0 and why, once per attempt.
+  // kInvalidArgument (code 0), naming rank 0 and why, once per attempt. Without a token the
+  // intruder is refused by rank 0; with another job's token it stops itself, because rank 0
+  // cannot prove that token, and sends nothing of its job.
   size_t at = 7;
-  for (const char* why : {"no job token", "a wrong job token", "no job token"}) {
-    const std::string expected_start = "0: rank 1: rendezvous: rank 0 at 127.0.0.1:";
+  const std::string refused = "0: rank 1: rank 0 at 127.0.0.1:";
+  const std::vector<std::string> why = {
+      " refused this process: it presented no job token (PIPESGD_JOB_TOKEN must be that of the "
+      "job; `pipesgd run` sets it)",
+      " did not prove that it knows this job's token: it is not this job's rank 0 (another "
+      "program or another job on that port?); nothing of the job was sent to it",
+      " refused this process: it presented no job token"};
+  for (int i = 0; i < 3; ++i) {
     const size_t end = out2.find('\n', at);
     ASSERT_NE(end, std::string::npos) << out2;
     const std::string line = out2.substr(at, end - at);
-    EXPECT_EQ(line.substr(0, expected_start.size()), expected_start) << line;
-    EXPECT_NE(line.find(std::string(" refused this process: it presented ") + why +
-                        " (PIPESGD_JOB_TOKEN must be that of the job; `pipesgd run` sets it)"),
-              std::string::npos)
-        << line;
+    const std::string start = i == 1 ? "0: rank 1: the process listening at rank 0 at 127.0.0.1:"
+                                     : refused;
+    EXPECT_EQ(line.substr(0, start.size()), start) << line;
+    EXPECT_NE(line.find(why[i]), std::string::npos) << line;
     at = end + 1;
   }
-  // Rank 0 logged each refusal, naming where it came from and the rank it claimed.
+  // Rank 0 logged each one, naming where it came from (and, when it got that far, the rank it
+  // claimed).
   const std::string& out0 = results[0].output;
   EXPECT_EQ(out0.substr(0, 7), "0;1;2;\n") << out0;
   size_t logged = 0;
@@ -260,27 +272,162 @@ TEST(Rendezvous, ConnectionWithoutTheTokenIsRefusedLoggedAndTheJobCarriesOn) {
        p = out0.find("warning: rank 0: rendezvous refused a connection from 127.0.0.1:", p + 1)) {
     ++logged;
   }
-  EXPECT_EQ(logged, 3u) << out0;
+  EXPECT_EQ(logged, 2u) << out0;
   EXPECT_NE(out0.find("(claiming rank 1): it presented no job token; the job carries on without "
                       "it"),
             std::string::npos)
       << out0;
-  EXPECT_NE(out0.find("(claiming rank 1): it presented a wrong job token; the job carries on "
-                      "without it"),
+  EXPECT_NE(out0.find("it left the handshake after the rendezvous's proof of the job token: it "
+                      "holds another job's token, or none"),
             std::string::npos)
       << out0;
 }
 
-// A rank 0 started by hand without PIPESGD_JOB_TOKEN runs an unauthenticated rendezvous.
-TEST(Rendezvous, WithoutATokenOnRank0EveryHelloIsHeard) {
+// Started by hand without PIPESGD_JOB_TOKEN on any rank: an unauthenticated rendezvous.
+TEST(Rendezvous, WithoutATokenAnywhereEveryHelloIsHeard) {
   auto results = RunRanks(3, [](const RankContext& ctx) {
-    return Joined(RendezvousAllGather(WithToken(ctx, ctx.rank, ctx.rank == 0 ? "" : "t"),
-                                      std::to_string(ctx.rank), Deadline::After(20)));
+    return Joined(RendezvousAllGather(WithToken(ctx, ctx.rank, ""), std::to_string(ctx.rank),
+                                      Deadline::After(20)));
   });
   for (int r = 0; r < 3; ++r) {
     ASSERT_EQ(results[r].exit_code, 0) << results[r].error;
     EXPECT_EQ(results[r].output, "0;1;2;");
   }
+}
+
+// A rank with a token never talks to a rank 0 that cannot prove it, even one without any token
+// (which would hear anyone): it stops at once, naming what it found, and sends nothing of its job.
+TEST(Rendezvous, RankWithATokenRefusesARank0WithoutOne) {
+  auto results = RunRanks(2, [](const RankContext& ctx) {
+    return Joined(RendezvousAllGather(WithToken(ctx, ctx.rank, ctx.rank == 0 ? "" : "t"),
+                                      std::to_string(ctx.rank),
+                                      Deadline::After(ctx.rank == 0 ? 3 : 20)));
+  });
+  EXPECT_EQ(results[1].exit_code, 1);
+  EXPECT_NE(results[1].error.find("the process listening at rank 0 at 127.0.0.1:"),
+            std::string::npos)
+      << results[1].error;
+  EXPECT_NE(results[1].error.find("runs without a job token, and this rank has one"),
+            std::string::npos)
+      << results[1].error;
+  EXPECT_EQ(results[0].exit_code, 1);
+  EXPECT_NE(results[0].error.find("rank(s) 1 never arrived"), std::string::npos)
+      << results[0].error;
+}
+
+// A process that is not this job's rank 0 holds the port (another program, another job). It
+// must learn neither the token nor the job (config, address): silent, echoing everything back,
+// or speaking the handshake with a proof it cannot make.
+enum class Foreign { kSilent, kEcho, kFakeChallenge };
+
+std::string ReadSome(int fd, double seconds) {
+  std::string got;
+  timeval tv{static_cast<time_t>(seconds), 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(n));
+  return got;
+}
+
+std::string Frame(const google::protobuf::MessageLite& m) {
+  const std::string body = m.SerializeAsString();
+  std::string f(8, '\0');
+  const uint32_t magic = transport::kMessageMagic, n = static_cast<uint32_t>(body.size());
+  std::memcpy(f.data(), &magic, 4);
+  std::memcpy(f.data() + 4, &n, 4);
+  return f + body;
+}
+
+TEST(Rendezvous, AForeignListenerOnThePortLearnsNeitherTheTokenNorTheJob) {
+  const std::string token = "5ecre7-5ecre7-5ecre7-5ecre7-5ecre7";
+  const std::string job = "train { learning_rate: 0.0123456 }  # distinctive config text\n";
+  const std::string address = "published-address-of-rank-1";
+  for (Foreign kind : {Foreign::kSilent, Foreign::kEcho, Foreign::kFakeChallenge}) {
+    const int listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    ASSERT_EQ(listen(listener, 4), 0);
+    socklen_t len = sizeof(a);
+    getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+    const uint16_t port = ntohs(a.sin_port);
+    std::string received;
+    std::thread server([&] {
+      const int fd = accept(listener, nullptr, nullptr);
+      if (kind == Foreign::kSilent) {
+        received = ReadSome(fd, 3);
+      } else if (kind == Foreign::kEcho) {
+        char buf[4096];
+        timeval tv{3, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof(buf))) > 0) {
+          received.append(buf, static_cast<size_t>(n));
+          (void)!write(fd, buf, static_cast<size_t>(n));
+        }
+      } else {
+        char header[8];
+        ASSERT_EQ(read(fd, header, 8), 8);
+        uint32_t n = 0;
+        std::memcpy(&n, header + 4, 4);
+        std::string body(n, '\0');
+        ASSERT_EQ(read(fd, body.data(), n), static_cast<ssize_t>(n));
+        received.append(header, 8);
+        received += body;
+        wire::AuthChallenge challenge;
+        challenge.set_protocol_version(transport::kProtocolVersion);
+        challenge.set_nonce(transport::RandomBytes(32));
+        challenge.set_proof(transport::RandomBytes(32));
+        const std::string f = Frame(challenge);
+        (void)!write(fd, f.data(), f.size());
+        received += ReadSome(fd, 3);
+      }
+      close(fd);
+    });
+    RendezvousOptions o{"127.0.0.1", port, 1, 2, job, token};
+    std::string error = "no error";
+    try {
+      RendezvousAllGather(o, address, Deadline::After(2));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    server.join();
+    close(listener);
+    SCOPED_TRACE(static_cast<int>(kind));
+    EXPECT_NE(error, "no error");
+    EXPECT_EQ(received.find(token), std::string::npos);
+    EXPECT_EQ(received.find("0.0123456"), std::string::npos);
+    EXPECT_EQ(received.find(address), std::string::npos);
+    // What it did receive: one AuthOpen (a nonce, our rank, the service name), nothing else.
+    EXPECT_LT(received.size(), 80u) << received.size();
+    if (kind == Foreign::kFakeChallenge) {
+      EXPECT_NE(error.find("did not prove that it knows this job's token: it is not this job's "
+                           "rank 0"),
+                std::string::npos)
+          << error;
+    }
+  }
+}
+
+TEST(TokenProof, IsHmacSha256OfTheLengthPrefixedFieldsAndComparesInConstantTime) {
+  // Known answer, computed independently: python3 -c 'import hmac,hashlib,struct;
+  // f=lambda *a: b"".join(struct.pack("<I",len(x))+x for x in a);
+  // print(hmac.new(b"key", f(b"server",b"rendezvous",b"A",b"B",b""), hashlib.sha256).hexdigest())'
+  const std::string proof = transport::TokenProof("key", "server", "rendezvous", "A", "B");
+  std::string hex;
+  for (unsigned char c : proof) hex += fmt::format("{:02x}", c);
+  EXPECT_EQ(hex, "6cc7a524d1e56d0cbeefcfc3f7754b25712fd0345d60d16a28c4bd0dbbff9217");
+  EXPECT_EQ(transport::TokenProof("", "server", "rendezvous", "A", "B"), "");
+  // The roles and the order of the nonces matter: no proof can be reflected or replayed.
+  EXPECT_NE(proof, transport::TokenProof("key", "client", "rendezvous", "A", "B"));
+  EXPECT_NE(proof, transport::TokenProof("key", "server", "rendezvous", "B", "A"));
+  EXPECT_NE(proof, transport::TokenProof("key", "server", "group scheduler", "A", "B"));
+  EXPECT_TRUE(transport::SameProof(proof, proof));
+  EXPECT_FALSE(transport::SameProof(proof, proof.substr(1)));
+  EXPECT_EQ(transport::RandomBytes(32).size(), 32u);
+  EXPECT_NE(transport::RandomBytes(32), transport::RandomBytes(32));
 }
 
 TEST(DescribeJobDifference, NamesTheSectionAndBothLines) {

@@ -120,9 +120,19 @@ TEST(SdpipeService, ARankThatDiesWhileTheSchedulerWaitsFailsTheOthersAtOnce) {
 
 TEST(SdpipeService, AWrongTokenIsRefusedAndTheJobGoesOn) {
   GroupSchedulerService service(Options(1, 1), 1, "127.0.0.1", "secret");
-  GroupSchedulerClient stranger("127.0.0.1", service.port(), 0, 1, "guess", Deadline::After(10));
-  const std::string error = ErrorOf([&] { stranger.Request(0, 1, Deadline::After(10)); });
-  EXPECT_NE(error.find("no or a wrong job token"), std::string::npos) << error;
+  // Another job's token: the scheduler cannot prove it, so the stranger stops before sending
+  // anything of its job. No token: the scheduler refuses it.
+  const std::string other = ErrorOf([&] {
+    GroupSchedulerClient stranger("127.0.0.1", service.port(), 0, 1, "guess", Deadline::After(10));
+  });
+  EXPECT_NE(other.find("did not prove that it knows this job's token"), std::string::npos)
+      << other;
+  const std::string none = ErrorOf([&] {
+    GroupSchedulerClient stranger("127.0.0.1", service.port(), 0, 1, "", Deadline::After(10));
+  });
+  EXPECT_NE(none.find("the group scheduler refused this process: it presented no job token"),
+            std::string::npos)
+      << none;
   EXPECT_EQ(service.error(), "");
   GroupSchedulerClient member("127.0.0.1", service.port(), 0, 1, "secret", Deadline::After(10));
   EXPECT_EQ(member.Request(0, 1, Deadline::After(10)).members, (std::vector<int>{0}));

@@ -19,7 +19,7 @@ namespace pipesgd::transport {
 
 inline constexpr uint32_t kMessageMagic = 0x4d475350;  // "PSGM" read as little-endian bytes
 inline constexpr uint32_t kMaxMessageBytes = 1 << 20;   // 1 MiB: room for 64k ranks' addresses
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // wire.proto says what changed
 
 // Completion callback: null on success, else the error (kUnavailable for a closed or reset
 // socket, kDataLoss for a bad frame or unparsable message).

@@ -21,7 +21,9 @@ Error::Error(ErrorCode code, const std::string& message)
     : std::runtime_error(message), code_(code) {}
 
 Error Error::Wrap(std::string_view context) const {
-  return Error(code_, fmt::format("{}: {}", context, what()));
+  Error wrapped(code_, fmt::format("{}: {}", context, what()));
+  wrapped.culprit_ = culprit_;
+  return wrapped;
 }
 
 }  // namespace pipesgd

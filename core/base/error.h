@@ -43,11 +43,21 @@ class Error : public std::runtime_error {
 
   ErrorCode code() const { return code_; }
 
-  // Returns a copy whose message is "<context>: <original message>", same code.
+  // The rank this failure is blamed on, when the thrower knows (a peer that closed, stalled or
+  // sent an abort notice naming the root cause); -1: unknown, or this rank itself. The job's
+  // failure relay (transport/failure_relay.h) uses it so every rank names the same rank.
+  int culprit() const { return culprit_; }
+  Error& set_culprit(int rank) {
+    culprit_ = rank;
+    return *this;
+  }
+
+  // Returns a copy whose message is "<context>: <original message>", same code and culprit.
   Error Wrap(std::string_view context) const;
 
  private:
   ErrorCode code_;
+  int culprit_ = -1;
 };
 
 // Throws Error(code, fmt::format(format, args...)).

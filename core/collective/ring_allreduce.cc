@@ -335,17 +335,20 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
   PSGD_CHECK_LE(call.exact_tail, data.size());
   if (world_size_ == 1) return;  // averaging over one rank is the identity
   if (failed_) {
-    Throw(ErrorCode::kAborted,
-          "rank {}: collective #{}: this communicator failed earlier (rank {} failed or is "
-          "gone: {}); restart the job",
-          rank_, seq, failure_origin_, failure_report_);
+    Error error(ErrorCode::kAborted,
+                fmt::format("rank {}: collective #{}: this communicator failed earlier (rank {} "
+                            "failed or is gone: {}); restart the job",
+                            rank_, seq, failure_origin_, failure_report_));
+    throw error.set_culprit(failure_origin_ == rank_ ? -1 : failure_origin_);
   }
   next_send_index_ = 0;
   try {
     Run(data, op, deadline, abort, call, seq);
   } catch (const Error& error) {
     NotifyAndClose(error, seq, deadline);
-    throw;
+    // The rank the ring blames, for the job's failure relay (transport/failure_relay.h).
+    Error blamed = error;
+    throw blamed.set_culprit(failure_origin_ == rank_ ? -1 : failure_origin_);
   }
 }
 

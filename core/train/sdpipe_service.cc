@@ -8,6 +8,7 @@
 #include "core/base/log.h"
 #include "core/sdpipe.pb.h"  // generated from core/train/sdpipe.proto
 #include "transport/asio.h"
+#include "transport/auth.h"
 #include "transport/message_io.h"
 
 namespace pipesgd::train {
@@ -16,6 +17,16 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 namespace {
+
+constexpr const char* kService = "group scheduler";
+
+std::string What(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
 
 void FillReply(const GroupDecision& d, double window_s, sdpipe::GroupReply* reply) {
   for (int m : d.members) reply->add_members(m);
@@ -67,9 +78,21 @@ struct GroupSchedulerService::Impl {
       conn->name = transport::RemoteName(conn->socket);
       boost::system::error_code ignored;
       conn->socket.set_option(tcp::no_delay(true), ignored);
-      conns.push_back(conn);
-      Read(conn);
       Accept();
+      // The token is proven before any request is read: a stranger learns nothing and cannot
+      // take a rank or fail the job.
+      transport::AsyncAuthenticateClient(
+          conn->socket, token, kService, "the group scheduler", conn->name,
+          [this, conn](const transport::AuthOutcome& outcome) {
+            if (outcome.error || !outcome.refused.empty()) {
+              PSGD_LOG_WARN("group scheduler: refused a connection from {}: {}", conn->name,
+                            outcome.error ? What(outcome.error) : outcome.refused);
+              Close(conn);
+              return;
+            }
+            conns.push_back(conn);
+            Read(conn);
+          });
     });
   }
 
@@ -116,14 +139,6 @@ struct GroupSchedulerService::Impl {
     });
   }
 
-  void Refuse(const std::shared_ptr<Conn>& conn, const std::string& why) {
-    PSGD_LOG_WARN("group scheduler: refused a connection from {}: {}", conn->name, why);
-    sdpipe::GroupReply reply;
-    reply.set_error(why);
-    reply.set_refused(true);
-    Send(conn, reply, /*then_close=*/true);
-  }
-
   void Fail(const std::string& why) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -146,11 +161,7 @@ struct GroupSchedulerService::Impl {
     const sdpipe::GroupRequest& req = conn->request;
     const int n = options.world_size;
     if (conn->rank < 0) {
-      // First request: authenticate, then bind the connection to its rank.
-      if (!token.empty() && req.token() != token) {
-        Refuse(conn, "no or a wrong job token (PIPESGD_JOB_TOKEN): not part of this job");
-        return;
-      }
+      // First request (the connection is authenticated): bind it to its rank.
       std::string bad;
       if (req.protocol_version() != transport::kProtocolVersion) {
         bad = fmt::format("protocol version {} (ours is {})", req.protocol_version(),
@@ -346,6 +357,8 @@ GroupSchedulerClient::GroupSchedulerClient(const std::string& host, uint16_t por
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   impl_->socket.set_option(tcp::no_delay(true), ec);
+  transport::AuthenticateToServer(impl_->io, impl_->socket, token, kService, rank, impl_->where,
+                                  deadline);
 }
 
 GroupSchedulerClient::~GroupSchedulerClient() = default;
@@ -360,7 +373,6 @@ GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline de
   request.set_world_size(c.world_size);
   request.set_stage(stage);
   request.set_step(step);
-  request.set_token(c.token);
   request.set_last(last);
   const double budget_s = deadline.remaining_s();
   sdpipe::GroupReply reply;
@@ -400,7 +412,7 @@ GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline de
   if (!reply.error().empty()) {
     c.failed = true;
     c.failure = fmt::format("{}: {}", c.where, reply.error());
-    Throw(reply.refused() ? ErrorCode::kInvalidArgument : ErrorCode::kAborted,
+    Throw(ErrorCode::kAborted,
           "rank {}: the job failed: {}", c.rank, c.failure);
   }
   GroupDecision d;

@@ -10,7 +10,8 @@
 // every later request, gets an error naming that rank, at once rather than at a timeout. A
 // request that breaks the protocol (wrong world size or version, a rank outside [0, N), a rank
 // on two connections, a step that does not advance, a second request before its answer) also
-// fails the job, naming the rank and the value. A connection without the job's token is turned
+// fails the job, naming the rank and the value. A connection that cannot prove the job token
+// (transport/auth.h; the token itself never travels) is turned
 // away (refused) and logged; the job goes on. Frames that are not pipesgd messages are logged
 // and dropped.
 #pragma once

@@ -28,6 +28,7 @@ fi
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  for i in 0 1 2 3; do rm -rf "/etc/netns/${LAB_PREFIX}-n$i"; done
   "$LAB" down >/dev/null 2>&1
 }
 trap cleanup EXIT
@@ -65,6 +66,47 @@ acc=$(grep -oE "final test accuracy: [0-9.]+" "$tmp/out0" | awk '{print $4}')
 [[ -n "$acc" ]] || fail "no final accuracy"
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }' || fail "accuracy $acc after 300 steps, expected >= 0.75"
 echo "ok: width-2 training across the lab, accuracy $acc after 300 steps"
+
+# The loopback trap (Debian's `127.0.1.1 hostname` line): MASTER_ADDR names rank 0's host, which
+# resolves to loopback there and to its real address elsewhere. `ip netns exec` bind-mounts
+# /etc/netns/NODE/hosts over /etc/hosts, so each node gets its own view, as real hosts do.
+for i in 0 1 2 3; do
+  mkdir -p "/etc/netns/${LAB_PREFIX}-n$i"
+  if [[ $i == 0 ]]; then line="127.0.1.1 labmaster"; else line="$master labmaster"; fi
+  printf '127.0.0.1 localhost\n%s\n' "$line" > "/etc/netns/${LAB_PREFIX}-n$i/hosts"
+done
+loopback_ranks() {  # loopback_ranks EXTRA_ARGS...: the 4 ranks with MASTER_ADDR=labmaster
+  pids=()
+  for i in 0 1 2 3; do
+    RANK=$i WORLD_SIZE=4 MASTER_ADDR=labmaster MASTER_PORT=29501 OPENBLAS_NUM_THREADS=1 \
+      timeout 120 "$LAB" exec "$i" "$PIPESGD" worker "$SRC/configs/fashion_mnist_mlp.pbtxt" \
+      --set train.max_steps=20 --set train.epochs=1 --set data.test_limit=1000 \
+      --set comm.start_timeout_s=30 "$@" > "$tmp/out$i" 2> "$tmp/err$i" &
+    pids+=($!)
+  done
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  pids=()
+  return $rc
+}
+t0=${EPOCHREALTIME/./}
+loopback_ranks && fail "a multi-host job with rank 0 on loopback did not fail"
+took=$(awk -v us=$(( ${EPOCHREALTIME/./} - t0 )) 'BEGIN { printf "%.2f", us / 1e6 }')
+# Start-up (reading the data) included; rank 0 answers the others at once and keeps its port
+# open 1 s more for late arrivals.
+awk -v t="$took" 'BEGIN { exit !(t <= 5) }' || fail "the loopback case took ${took} s to fail (comm.start_timeout_s = 30)"
+for i in 0 1 2 3; do
+  grep -q "rank 0 would use loopback address 127.0.0.1 for its data connections, but the job spans hosts" "$tmp/err$i" \
+    && grep -q "MASTER_ADDR=labmaster resolves to 127.0.1.1 on rank 0's host" "$tmp/err$i" \
+    && grep -q "Set comm.network_interface (or PIPESGD_SOCKET_IFNAME)" "$tmp/err$i" \
+    || { cat "$tmp/err$i"; fail "rank $i does not explain the loopback trap"; }
+done
+echo "ok: MASTER_ADDR resolving to loopback on rank 0's host fails on every rank in ${took} s, naming loopback and the fix"
+grep -h "^error" "$tmp/err1"
+loopback_ranks --set comm.network_interface=eth0 || { cat "$tmp"/err*; fail "the loopback case with comm.network_interface=eth0"; }
+grep -q "final test accuracy" "$tmp/out0" || { cat "$tmp/out0"; fail "no final accuracy with comm.network_interface=eth0"; }
+echo "ok: the same job with comm.network_interface=eth0 listens and advertises on eth0, and trains"
+for i in 0 1 2 3; do rm -rf "/etc/netns/${LAB_PREFIX}-n$i"; done
 
 # CPU caps: cgroup v1 cpu quota per node.
 CG="/sys/fs/cgroup/cpu/${LAB_PREFIX}"
@@ -130,6 +172,7 @@ for p in "${sshd_pids[@]}"; do
   [[ -z "$st" || "$st" == Z ]] || fail "sshd pid $p still running after down"
 done
 [[ -e "$CG" ]] && fail "cgroup $CG left behind"
+ls -d /etc/netns/"${LAB_PREFIX}"-* >/dev/null 2>&1 && fail "/etc/netns entries left behind"
 [[ -e "/run/pipesgd-lab/${LAB_PREFIX}" || -e "/run/pipesgd-lab/${LAB_PREFIX}.subnet" ]] && fail "lab state left behind"
 rm -rf "$tmp"
 echo "ok: lab down, nothing left behind (namespaces, route, sshd, cgroups, state)"

@@ -190,6 +190,41 @@ mode_preflight() {
       || fail "--ssh-port 2222: lab$i not named"
   done
   echo "ok: preflight names sshd down, wrong port, unknown host, missing binary (in $took s) and starts nothing"
+
+  # A remote binary that hangs (and has a child): the launcher gives up after the connect
+  # timeout plus its slack, and nothing it started may stay behind on any host (no tty there,
+  # so no SIGHUP: the remote watcher kills the probe's process group when the session ends).
+  printf '#!/bin/sh\nsleep 987654 &\nwait\n' > "$tmp/hang_pipesgd"
+  chmod +x "$tmp/hang_pipesgd"
+  start=$SECONDS
+  "$LAB" exec 0 "$PIPESGD" run -H lab2,lab3 -F "$CFG" --ssh-connect-timeout 2 \
+    --remote-binary "$tmp/hang_pipesgd" "$CONFIG" > "$tmp/hang.out" 2> "$tmp/hang.err"
+  rc=$?
+  took=$((SECONDS - start))
+  cat "$tmp/hang.err"
+  [[ $rc -eq 1 ]] || fail "hanging remote binary: exit $rc, expected 1"
+  for i in 2 3; do
+    grep -qF "  lab$i: no answer within 12 s" "$tmp/hang.err" || fail "hanging remote binary: lab$i not named"
+  done
+  local left="" p
+  for _ in $(seq 50); do
+    left=""
+    for i in 0 1 2 3; do
+      for p in $(ip netns pids "${LAB_PREFIX}-n$i" 2>/dev/null); do
+        tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -qE "hang_pipesgd|sleep 987654" && alive "$p" && left+=" $p"
+      done
+    done
+    # The sessions' processes live in the root namespace (sshd's): look there too.
+    for p in $(pgrep -f "sleep 987654|$tmp/hang_pipesgd"); do alive "$p" && left+=" $p"; done
+    [[ -z "$left" ]] && break
+    sleep 0.1
+  done
+  if [[ -n "$left" ]]; then
+    ps -o pid,ppid,args -p $left
+    kill -9 $left 2>/dev/null
+    fail "hanging remote binary: processes left after the preflight gave up:$left"
+  fi
+  echo "ok: a hanging remote binary is named on every host after $took s, and nothing is left running there"
 }
 
 # Starts a long job over ssh in the background; sets LAUNCHER (its PID) and RECORDED (every

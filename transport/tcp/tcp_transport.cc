@@ -460,10 +460,12 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
   if (state->fatal) std::rethrow_exception(state->fatal);
   if (!ok) {
     std::vector<std::string> missing;
+    int first_missing = -1;
     for (const auto& [peer, address] : peers) {
       int up = 0;
       for (int stream = 0; stream < streams; ++stream) up += state->established.count({peer, stream});
       if (up == streams) continue;
+      if (first_missing < 0) first_missing = peer;
       if (peer < options_.rank) {
         missing.push_back(fmt::format("rank {} never connected", peer));
       } else {
@@ -473,8 +475,10 @@ std::vector<std::unique_ptr<Connection>> TcpTransport::Connect(
                                       it == state->dial_errors.end() ? "no answer" : it->second));
       }
     }
-    Throw(ErrorCode::kDeadlineExceeded, "rank {}: connecting to peers timed out: {}",
-          options_.rank, fmt::join(missing, "; "));
+    Error error(ErrorCode::kDeadlineExceeded,
+                fmt::format("rank {}: connecting to peers timed out: {}", options_.rank,
+                            fmt::join(missing, "; ")));
+    throw error.set_culprit(first_missing);
   }
 
   std::vector<std::unique_ptr<Connection>> connections;
