@@ -19,7 +19,7 @@ void MaybeInjectFault(int rank, std::string_view phase, int64_t step) {
   const auto bad = [&] {
     Throw(ErrorCode::kInvalidArgument,
           "PIPESGD_FAULT = '{}': expected RANK:PHASE:ACTION with PHASE rendezvous, ring_setup, "
-          "first_allreduce or step:N and ACTION kill or exit",
+          "first_allreduce or step:N and ACTION kill, exit, stop or hang",
           text);
   };
   if (a == std::string::npos || b == a) bad();
@@ -27,7 +27,10 @@ void MaybeInjectFault(int rank, std::string_view phase, int64_t step) {
                     action = text.substr(b + 1);
   char* end = nullptr;
   const long victim = std::strtol(who.c_str(), &end, 10);
-  if (who.empty() || *end != '\0' || (action != "kill" && action != "exit")) bad();
+  if (who.empty() || *end != '\0' ||
+      (action != "kill" && action != "exit" && action != "stop" && action != "hang")) {
+    bad();
+  }
   int64_t at_step = 0;
   if (where.rfind("step:", 0) == 0) {
     at_step = std::strtoll(where.c_str() + 5, &end, 10);
@@ -43,6 +46,10 @@ void MaybeInjectFault(int rank, std::string_view phase, int64_t step) {
   if (action == "kill") {
     kill(getpid(), SIGKILL);
     pause();
+  }
+  if (action == "stop") kill(getpid(), SIGSTOP);  // the whole process, until SIGCONT or SIGKILL
+  if (action == "hang") {
+    while (true) pause();  // this thread only: the others (communication, relay) run on
   }
   Throw(ErrorCode::kInternal, "rank {}: injected failure at {} (PIPESGD_FAULT = '{}')", rank,
         where, text);

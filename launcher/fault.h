@@ -1,6 +1,7 @@
 // Fault injection for the failure tests (tests/startup_failure_test.cc): PIPESGD_FAULT =
-// "RANK:PHASE:ACTION" makes rank RANK, on reaching PHASE, either die at once (ACTION kill:
-// SIGKILL, as a crash or the OOM killer would) or fail with an error (ACTION exit). PHASE is
+// "RANK:PHASE:ACTION" makes rank RANK, on reaching PHASE, die at once (ACTION kill: SIGKILL,
+// as a crash or the OOM killer would), fail with an error (exit), stop its whole process (stop:
+// SIGSTOP, as a debugger or a swapping host would) or hang its main thread (hang). PHASE is
 // `rendezvous` (before meeting the other ranks), `ring_setup` (after the rendezvous, before the
 // ring connects), `first_allreduce` (before step 1, whose gradients are the first collective),
 // or `step:N` (before step N). Unset (always, outside tests): nothing happens. A malformed value

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -94,9 +95,8 @@ void ReservePort(const std::string& addr, uint16_t port, ReservedPort* reserved)
     if (fd >= 0) close(fd);
     if (port != 0 && err == EADDRINUSE) {
       Throw(ErrorCode::kUnavailable,
-            "--master-port {}: the port is in use on {} (another job or program listens "
-            "there); no rank was started. Pick another port, or leave --master-port out for a "
-            "free one",
+            "--master-port {}: the port is in use on {} (another job or program holds it); no "
+            "rank was started. Pick another port, or leave --master-port out for a free one",
             port, addr);
     }
     if (port != 0) {
@@ -123,6 +123,7 @@ struct Rank {
   size_t stdin_written = 0;
   std::string out_partial;
   std::string err_partial;
+  std::string err_tail;  // the last few KiB of its stderr: which rank its error blames
   int out_file = -1;  // --output-dir files
   int err_file = -1;
   std::optional<int> status;
@@ -195,6 +196,17 @@ bool IsRootCause(int status, bool remote) {
   if (!remote || !WIFEXITED(status)) return false;
   const int code = WEXITSTATUS(status);
   return code == 255 || RemoteSignalStatus(code);
+}
+
+// The rank a worker's last "the job failed because of rank V" line names, or -1.
+int BlamedRank(const std::string& err_tail) {
+  static const std::string kPhrase = "the job failed because of rank ";
+  const size_t at = err_tail.rfind(kPhrase);
+  if (at == std::string::npos) return -1;
+  const char* p = err_tail.c_str() + at + kPhrase.size();
+  char* end = nullptr;
+  const long v = std::strtol(p, &end, 10);
+  return end != p && *end == ':' ? static_cast<int>(v) : -1;
 }
 
 double Since(Clock::time_point t) {
@@ -305,6 +317,12 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
       if (r.status) continue;
       if (r.command.spec.own_process_group) kill(-r.child.pid, sig);
       kill(r.child.pid, sig);
+      // A stopped rank (SIGSTOP, a debugger) would hold SIGTERM pending until SIGKILL: resume
+      // it so it can stop now (as systemd does).
+      if (sig == SIGTERM) {
+        if (r.command.spec.own_process_group) kill(-r.child.pid, SIGCONT);
+        kill(r.child.pid, SIGCONT);
+      }
     }
   };
   auto stop_all = [&]() {
@@ -414,6 +432,10 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
               ? fmt::format("[rank {} {}] ", r.command.rank, r.command.host)
               : fmt::format("[rank {}] ", r.command.rank);
       bool written = true;
+      if (got > 0 && which != 1) {
+        r.err_tail.append(buf, static_cast<size_t>(got));
+        if (r.err_tail.size() > 8192) r.err_tail.erase(0, r.err_tail.size() - 8192);
+      }
       if (got > 0) {
         if (file >= 0) WriteAll(file, buf, static_cast<size_t>(got));
         written = Forward(prefix, partial, buf, static_cast<size_t>(got), sink, false);
@@ -444,6 +466,19 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
       }
     }
     const Rank& r = ranks[chosen.index];
+    // Every rank that failed did so because of another one: the one their errors name (the
+    // failure relay makes them agree) is the failure, even if it never exited on its own (a
+    // stopped or hung rank the launcher had to stop).
+    if (ExitCodeOf(chosen.status) == kExitBecauseOfAnotherRank) {
+      const int blamed = BlamedRank(r.err_tail);
+      const auto it = std::find_if(ranks.begin(), ranks.end(),
+                                   [&](const Rank& x) { return x.command.rank == blamed; });
+      if (it != ranks.end()) {
+        PSGD_LOG_ERROR("pipesgd run: failed: {} (named by every rank that failed: {} {})",
+                       Name(*it), Name(r), Describe(r, chosen.status, options.remote));
+        return ExitCodeOf(chosen.status);
+      }
+    }
     PSGD_LOG_ERROR("pipesgd run: failed: {} {}", Name(r), Describe(r, chosen.status, options.remote));
     return ExitCodeOf(chosen.status);
   }

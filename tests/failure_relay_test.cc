@@ -3,6 +3,7 @@
 // says goodbye, and every rank's verdict is checked.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -95,6 +96,59 @@ TEST(FailureRelay, TheBlamedRanksOwnReportIsTheVerdict) {
   EXPECT_EQ(explained.code(), ErrorCode::kUnavailable);
   const Error self(ErrorCode::kNumerical, "rank 1: the loss is NaN at step 7");
   EXPECT_STREQ(FailureRelay::Explain(self, 1, {1, "x"}).what(), self.what());
+}
+
+// A stalled rank (here rank 2) neither reports nor closes; every rank around it times out
+// waiting on its own left neighbour. Rank 0 follows the blame (1 -> 0 -> 3 -> 2) to the silent
+// rank, and every rank gets that verdict.
+TEST(FailureRelay, TheBlameLeadsToTheSilentRank) {
+  auto results = RunRanks(4, [](const RankContext& ctx) {
+    auto relay = Meet(ctx);
+    if (ctx.rank == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // silent, connected
+      return WaitForVerdict(*relay, 1);
+    }
+    const int left = (ctx.rank + 3) % 4;
+    Error e(ErrorCode::kDeadlineExceeded,
+            fmt::format("rank {}: timed out waiting for a chunk header from rank {}", ctx.rank,
+                        left));
+    e.set_culprit(left);
+    std::this_thread::sleep_for(std::chrono::milliseconds(40 * ctx.rank));  // not all at once
+    auto v = relay->Report(e);
+    return fmt::format("{}|{}", v.rank, v.reason);
+  });
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << results[r].error;
+    EXPECT_EQ(results[r].output.rfind("2|rank 2 stopped responding: it has neither reported an "
+                                      "error nor exited (stopped or hung?)",
+                                      0),
+              0u)
+        << "rank " << r << ": " << results[r].output;
+  }
+}
+
+// Rank 0 itself stopped (SIGSTOP: its relay thread too): nobody answers the reports, and every
+// rank takes rank 0 as the failed rank after FailureRelay::kReportWaitS.
+TEST(FailureRelay, ASilentRank0IsTheVerdictAfterTheReportWait) {
+  auto results = RunRanks(
+      3,
+      [](const RankContext& ctx) {
+        auto relay = Meet(ctx);
+        if (ctx.rank == 0) kill(getpid(), SIGSTOP);  // the harness kills it at its timeout
+        Error e(ErrorCode::kDeadlineExceeded, fmt::format("rank {}: timed out", ctx.rank));
+        e.set_culprit(ctx.rank - 1);
+        auto v = relay->Report(e);
+        return fmt::format("{}|{}", v.rank, v.reason);
+      },
+      8);
+  for (int r = 1; r < 3; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << results[r].error;
+    EXPECT_EQ(results[r].output.rfind("0|rank 0 did not answer this rank's failure report within "
+                                      "2.5 s while its connection stayed open",
+                                      0),
+              0u)
+        << "rank " << r << ": " << results[r].output;
+  }
 }
 
 // Ranks that end normally say goodbye: their connections closing is no failure.

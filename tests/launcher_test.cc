@@ -18,6 +18,8 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "tests/support/subprocess.h"
 
 namespace pipesgd {
@@ -292,11 +294,31 @@ TEST(Run, AnExplicitMasterPortInUseIsRefusedBeforeAnyRankStarts) {
   close(listener);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("--master-port " + port + ": the port is in use on 127.0.0.1 (another "
-                       "job or program listens there); no rank was started"),
+                       "job or program holds it); no rank was started"),
             std::string::npos)
       << r.err;
   EXPECT_EQ(r.out.find("[rank"), std::string::npos) << r.out;
   EXPECT_EQ(r.err.find("[rank"), std::string::npos) << r.err;
+}
+
+// A rank that stops (SIGSTOP) mid-training: the others fail because of it (status 3) and name
+// it; the launcher, which then has to stop it, names it too (it once named a healthy rank).
+TEST(Run, AStoppedRankIsTheOneTheLauncherNames) {
+  const auto r = RunCommand(Args({kBinary, "run", "-np", "4", kConfig, "--set", "comm.timeout_s=4",
+                                  "--set", "train.max_steps=40", "-x",
+                                  "PIPESGD_FAULT=2:step:4:stop"},
+                                 kShort),
+                            {}, 60);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("pipesgd run: failed: rank 2 (pid "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(named by every rank that failed: rank "), std::string::npos) << r.err;
+  for (int rank : {0, 1, 3}) {
+    EXPECT_NE(r.err.find(fmt::format("[rank {}] error: rank {}: the job failed because of rank 2: "
+                                     "rank 2 stopped responding",
+                                     rank, rank)),
+              std::string::npos)
+        << r.err;
+  }
 }
 
 }  // namespace

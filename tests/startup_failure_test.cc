@@ -106,6 +106,65 @@ TEST_P(StartupFailure, EverySurvivorNamesTheVictimInTime) {
   }
 }
 
+// A rank that stops (SIGSTOP: the whole process) or hangs (its main thread) mid-training
+// neither exits nor reports: every rank around it times out at about the same moment, each
+// waiting on its own left neighbour. The relay must still name the silent rank on every rank,
+// not each rank's neighbour (before it, ranks named whichever neighbour they waited on).
+class StalledRank : public ::testing::TestWithParam<Case> {};
+
+TEST_P(StalledRank, EverySurvivorNamesTheSilentRank) {
+  const Case c = GetParam();
+  const uint16_t port = testing::FreePort();
+  const std::string fault = fmt::format("{}:{}:{}", c.victim, c.phase, c.action);
+  std::vector<testing::CommandResult> results(kWorld);
+  std::vector<double> end_s(kWorld);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r) {
+    ranks.emplace_back([&, r] {
+      // The silent rank never ends by itself: its command's timeout kills it.
+      results[r] = testing::RunCommand(
+          {kBinary, "worker", kConfig, "--set", "train.epochs=1", "--set", "train.max_steps=8",
+           "--set", "data.train_limit=2048", "--set", "data.test_limit=256", "--set",
+           fmt::format("comm.start_timeout_s={}", kTimeoutS), "--set",
+           fmt::format("comm.timeout_s={}", kTimeoutS)},
+          {{"RANK", std::to_string(r)},
+           {"WORLD_SIZE", std::to_string(kWorld)},
+           {"MASTER_ADDR", "127.0.0.1"},
+           {"MASTER_PORT", std::to_string(port)},
+           {"PIPESGD_JOB_TOKEN", "0123456789abcdef0123456789abcdef"},
+           {"PIPESGD_FAULT", fault}},
+          r == c.victim ? 3 * kTimeoutS : 60);
+      end_s[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_TRUE(results[c.victim].timed_out) << results[c.victim].err;
+  const std::string named = fmt::format("the job failed because of rank {}: ", c.victim);
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == c.victim) continue;
+    const std::string line = LastErrorLine(results[r].err);
+    std::printf("%s rank %d (ended %.1f s after start): %s\n", fault.c_str(), r, end_s[r],
+                line.c_str());
+    EXPECT_EQ(results[r].exit_code, 3) << "rank " << r << ": " << results[r].err;
+    EXPECT_EQ(line.rfind(fmt::format("error: rank {}: {}", r, named), 0), 0u)
+        << "rank " << r << ": " << results[r].err;
+    // Start-up, the collective's timeout, the relay's windows (at most kReportWaitS): before
+    // the victim's kill.
+    EXPECT_LT(end_s[r], 3 * kTimeoutS - 0.5) << "rank " << r;
+  }
+}
+
+std::vector<Case> StallCases() {
+  std::vector<Case> cases;
+  for (int v = 0; v < kWorld; ++v) cases.push_back({v, "step:4", "stop"});
+  // A hung main thread: rank 0's relay thread still runs (victim 0), or not the relay's host.
+  for (int v : {0, 2}) cases.push_back({v, "step:4", "hang"});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(MidTraining, StalledRank, ::testing::ValuesIn(StallCases()), Name);
+
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
   for (const char* phase : {"rendezvous", "ring_setup", "first_allreduce", "step:4"}) {

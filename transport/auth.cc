@@ -81,6 +81,13 @@ void AuthenticateToServer(asio::io_context& io, tcp::socket& socket, const std::
   open.set_nonce(RandomBytes(kAuthNonceBytes));
   wire::AuthChallenge challenge;
   Exchange(io, socket, &open, &challenge, where, deadline, rank);
+  if (challenge.nonce().size() != kAuthNonceBytes) {
+    Throw(ErrorCode::kInvalidArgument,
+          "rank {}: the process listening at {} did not answer the handshake as pipesgd's rank "
+          "0 does (its answer carries no 32-byte challenge): it is not a pipesgd rank 0 (another "
+          "program on that port?); nothing of the job was sent to it",
+          rank, where);
+  }
   if (challenge.protocol_version() != kProtocolVersion) {
     Throw(ErrorCode::kInvalidArgument,
           "rank {}: {} speaks protocol version {}, this rank speaks {} (a different pipesgd "
@@ -90,17 +97,16 @@ void AuthenticateToServer(asio::io_context& io, tcp::socket& socket, const std::
   if (!token.empty()) {
     const std::string expected =
         TokenProof(token, "server", service, open.nonce(), challenge.nonce());
-    if (challenge.nonce().size() != kAuthNonceBytes || !SameProof(challenge.proof(), expected)) {
-      // Blamed on rank 0 (every server here is rank 0's): its port is what is taken.
-      Error error(ErrorCode::kInvalidArgument,
-                  fmt::format("rank {}: the process listening at {} {}: it is not this job's "
-                              "rank 0 (another program or another job on that port?); nothing "
-                              "of the job was sent to it",
-                              rank, where,
-                              challenge.proof().empty()
-                                  ? "runs without a job token, and this rank has one"
-                                  : "did not prove that it knows this job's token"));
-      throw error.set_culprit(0);
+    if (!SameProof(challenge.proof(), expected)) {
+      // This rank's own failure, not rank 0's: it cannot tell a stranger on the port from its
+      // own wrong token.
+      Throw(ErrorCode::kInvalidArgument,
+            "rank {}: the process listening at {} {}: it is not this job's rank 0 (another "
+            "program or another job on that port, or this rank's PIPESGD_JOB_TOKEN is not the "
+            "job's); nothing of the job was sent to it",
+            rank, where,
+            challenge.proof().empty() ? "runs without a job token, and this rank has one"
+                                      : "did not prove that it knows this job's token");
     }
   }
   wire::AuthProof proof;
@@ -136,7 +142,8 @@ void AsyncAuthenticateClient(tcp::socket& socket, const std::string& token,
   auto fail = [](const std::shared_ptr<State>& st, std::exception_ptr e) {
     AuthOutcome outcome;
     outcome.error = std::move(e);
-    outcome.claimed_rank = st->open.rank();
+    // Only an AuthOpen that was read claims a rank (an empty nonce: nothing was).
+    outcome.claimed_rank = st->open.nonce().empty() ? -1 : st->open.rank();
     st->done(outcome);
   };
   // Sends the verdict; a refusal also shuts our side so the client reads it and then EOF.

@@ -26,7 +26,16 @@ struct FailureRelay::Impl {
     wire::RelayNotice in;
   };
 
-  explicit Impl(RendezvousOptions r) : rdv(std::move(r)), timer(io) {}
+  // What one rank reported (rank 0's view).
+  struct Report {
+    int blamed = -1;
+    std::string reason;
+    bool timed_out = false;
+  };
+
+  explicit Impl(RendezvousOptions r)
+      : rdv(std::move(r)), timer(io), reports(static_cast<size_t>(std::max(rdv.world_size, 1))),
+        dead(reports.size(), false), done(reports.size(), false) {}
 
   RendezvousOptions rdv;
   asio::io_context io;
@@ -34,7 +43,10 @@ struct FailureRelay::Impl {
   std::thread thread;
   std::vector<std::unique_ptr<Peer>> peers;  // rank 0: every other rank; others: rank 0
   asio::steady_timer timer;
-  std::optional<Verdict> pending;  // rank 0: a report waiting kDeathWindowS for a death
+  // Rank 0, io thread only: each rank's report, death and normal end, and the first reporter.
+  std::vector<std::optional<Report>> reports;
+  std::vector<bool> dead, done;
+  int first_reporter = -1;
   int writes_in_flight = 0;        // io thread only
   bool closing = false;            // io thread only: our own end, not a failure
 
@@ -66,10 +78,11 @@ struct FailureRelay::Impl {
   void OnNotice(Peer& peer, const wire::RelayNotice& notice) {
     if (notice.goodbye()) {
       peer.ended = true;
+      if (lead() && peer.rank < static_cast<int>(done.size())) done[peer.rank] = true;
       return;
     }
     if (lead()) {
-      Consider({notice.failed_rank(), notice.reason()}, peer.rank, /*death=*/false);
+      OnReport(peer.rank, {notice.failed_rank(), notice.reason(), notice.timed_out()});
     } else {
       SetVerdict({notice.failed_rank(), notice.reason()});
     }
@@ -83,32 +96,80 @@ struct FailureRelay::Impl {
       if (said_goodbye) return;
     }
     if (lead()) {
-      Consider({peer.rank,
-                fmt::format("rank {} exited without reporting an error: its connection to rank 0 "
-                            "closed without a goodbye (killed, crashed, or its host went away)",
-                            peer.rank)},
-               peer.rank, /*death=*/true);
+      dead[peer.rank] = true;
+      // A death is the strongest evidence: decided at once.
+      Decide({peer.rank,
+              fmt::format("rank {} exited without reporting an error: its connection to rank 0 "
+                          "closed without a goodbye (killed, crashed, or its host went away)",
+                          peer.rank)});
     } else {
       SetVerdict({0, "rank 0 is gone: its connection to this rank closed without a goodbye "
                      "(killed, crashed, or its host went away)"});
     }
   }
 
-  // Rank 0 only. A death decides at once; a report waits kDeathWindowS for a death, and is
-  // replaced by the blamed rank's own report if that comes meanwhile (it says why).
-  void Consider(Verdict v, int reporter, bool death) {
+  bool Valid(int rank) const { return rank >= 0 && rank < static_cast<int>(reports.size()); }
+
+  // Rank 0 only. A report that blames itself decides at once if it is the first report or the
+  // rank the first report blames (it says why); otherwise the reports are held for a window
+  // (kDeathWindowS, or kStallWindowS when the first report is a timeout: every rank of a ring
+  // around a stalled rank times out at about the same moment) and then resolved.
+  void OnReport(int reporter, Report report) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (verdict) return;
     }
-    if (death) return Decide(std::move(v));
-    if (pending && reporter == pending->rank && v.rank == reporter) return Decide(std::move(v));
-    if (pending) return;
-    pending = std::move(v);
-    timer.expires_after(std::chrono::milliseconds(static_cast<int>(kDeathWindowS * 1000)));
+    if (!Valid(reporter)) return;
+    if (!Valid(report.blamed)) report.blamed = reporter;
+    reports[reporter] = report;
+    const bool self_blamed = report.blamed == reporter;
+    if (first_reporter < 0) {
+      first_reporter = reporter;
+      if (self_blamed) {
+        // Still held briefly: a death, if there is one, is the better answer.
+        StartTimer(kDeathWindowS);
+        return;
+      }
+      StartTimer(report.timed_out ? kStallWindowS : kDeathWindowS);
+      return;
+    }
+    if (self_blamed && reports[first_reporter]->blamed == reporter) {
+      return Decide({reporter, report.reason});
+    }
+  }
+
+  void StartTimer(double seconds) {
+    timer.expires_after(std::chrono::milliseconds(static_cast<int>(seconds * 1000)));
     timer.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec && pending) Decide(*pending);
+      if (!ec) Decide(Resolve());
     });
+  }
+
+  // Follows the blame from the first report: rank A blames B, B blames C, ... and stops at a
+  // rank that blames itself, died, or is silent (neither reported nor ended: it is stopped or
+  // hung, so every wait around it timed out). A cycle falls back to the first report.
+  Verdict Resolve() const {
+    const Report& first = *reports[first_reporter];
+    std::vector<bool> seen(reports.size(), false);
+    int cur = first_reporter;
+    while (true) {
+      seen[cur] = true;
+      const Report& r = *reports[cur];
+      if (r.blamed == cur) return {cur, r.reason};
+      const int next = r.blamed;
+      if (dead[next]) {
+        return {next, fmt::format("rank {} is gone (its connection to rank 0 closed); rank {} "
+                                  "reports: {}",
+                                  next, first_reporter, first.reason)};
+      }
+      if (!reports[next] && !done[next]) {
+        return {next, fmt::format("rank {} stopped responding: it has neither reported an error "
+                                  "nor exited (stopped or hung?); rank {} reports: {}",
+                                  next, first_reporter, first.reason)};
+      }
+      if (seen[next] || !reports[next]) return {first.blamed, first.reason};
+      cur = next;
+    }
   }
 
   void Decide(Verdict v) {
@@ -234,17 +295,30 @@ FailureRelay::Verdict FailureRelay::Report(const Error& error, double wait_s) {
     m.reported = own;
     return own;
   }
-  asio::post(m.io, [&m, own, self] {
-    if (m.lead()) return m.Consider(own, self, /*death=*/false);
+  const bool timed_out = error.code() == ErrorCode::kDeadlineExceeded;
+  asio::post(m.io, [&m, own, self, timed_out] {
+    if (m.lead()) return m.OnReport(self, {own.rank, own.reason, timed_out});
     wire::RelayNotice notice;
     notice.set_failed_rank(own.rank);
     notice.set_reason(own.reason);
     notice.set_reporter(self);
+    notice.set_timed_out(timed_out);
     for (auto& p : m.peers) m.Write(*p, notice);
   });
   std::unique_lock<std::mutex> lock(m.mu);
   m.cv.wait_for(lock, std::chrono::duration<double>(wait_s), [&] { return m.verdict.has_value(); });
-  m.reported = m.verdict ? *m.verdict : own;
+  if (m.verdict) {
+    m.reported = *m.verdict;
+  } else if (!m.lead()) {
+    // Rank 0's relay thread answers within its window unless rank 0's whole process is stopped
+    // or hung (its connection is open: a death would have been seen).
+    m.reported = Verdict{0, fmt::format("rank 0 did not answer this rank's failure report within "
+                                        "{:.1f} s while its connection stayed open: its process "
+                                        "is stopped or hung",
+                                        wait_s)};
+  } else {
+    m.reported = own;
+  }
   return *m.reported;
 }
 

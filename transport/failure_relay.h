@@ -3,12 +3,14 @@
 // the phase (ring set-up, first collective, steady state, shutdown) and whoever noticed first.
 //
 // Rank 0 decides: the first rank whose relay connection closes without a goodbye (its process
-// died: the kernel closes the socket) is the failed rank; otherwise the first report of a
-// failure, blamed on the rank the report names (Error::culprit()) or on the reporter. A report
-// waits kDeathWindowS for a death before it is taken: a death is the stronger evidence, and the
-// neighbours of a killed rank usually report before rank 0 reads the end of its connection.
-// Rank 0 sends the verdict to every rank; a rank whose connection to rank 0 closes without a
-// goodbye takes rank 0 as the failed rank. A rank that fails before the rendezvous has given it
+// died: the kernel closes the socket) is the failed rank. Otherwise the reports decide: each
+// blames a rank (Error::culprit(), else the reporter itself); rank 0 holds them kDeathWindowS
+// (kStallWindowS when the first is a timeout) and follows the blame from the first report to a
+// rank that blames itself, died, or is silent (neither reported nor ended: stopped or hung, the
+// case where every rank around it times out at once); a rank that blames itself and is the one
+// the first report blames decides at once. Rank 0 sends the verdict to every rank; a rank whose
+// connection to rank 0 closes without a goodbye, or whose report rank 0 does not answer within
+// kReportWaitS, takes rank 0 as the failed rank. A rank that fails before the rendezvous has given it
 // a relay reports through a last rendezvous hello instead (rank 0 then fails the rendezvous for
 // everyone, naming it).
 //
@@ -31,6 +33,9 @@ namespace pipesgd::transport {
 class FailureRelay {
  public:
   static constexpr double kDeathWindowS = 0.25;
+  static constexpr double kStallWindowS = 1.0;
+  // How long Report waits for rank 0's verdict; past it, a silent rank 0 is the failed rank.
+  static constexpr double kReportWaitS = 2.5;
 
   struct Verdict {
     int rank = -1;       // the rank the job failed because of
@@ -55,7 +60,7 @@ class FailureRelay {
   // This rank is failing with `error`: tells the job (rank 0 decides) and waits at most `wait_s`
   // for the verdict. Returns it, or a verdict blaming error.culprit() (else this rank) when
   // none came in time. Idempotent: a second call returns the first verdict.
-  Verdict Report(const Error& error, double wait_s = 1.0);
+  Verdict Report(const Error& error, double wait_s = kReportWaitS);
 
   // The job ended normally here: tells rank 0 (or, on rank 0, every rank) that the coming end
   // of the connection is no failure. Does not wait.

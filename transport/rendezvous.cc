@@ -114,7 +114,8 @@ class Server {
                        "{} arrived)",
                        options_.master_addr, options_.master_port, fmt::join(missing, ", "),
                        options_.world_size, options_.world_size - missing.size()),
-           missing.empty() ? -1 : missing.front(), kDeadlineFlushS);
+           // One missing rank is the failed one; several point at the job's set-up instead.
+           missing.size() == 1 ? missing.front() : -1, kDeadlineFlushS);
       RunUntil(io_, &done_, Deadline::After(kFailureGraceS + 1));
     }
     error_code ignored;
@@ -164,8 +165,12 @@ class Server {
   void OnAuthenticated(const ClientPtr& client, const AuthOutcome& outcome) {
     if (done_) return;
     if (outcome.error) {
-      // Not a pipesgd rank (a port scanner, a stray client): drop it, keep the job going.
-      PSGD_LOG_WARN("rank 0: rendezvous dropped a connection from {}: {}", client->from,
+      // Not a pipesgd rank (a port scanner, a stray client), or one of another job: drop it,
+      // keep the job going.
+      PSGD_LOG_WARN("rank 0: rendezvous dropped a connection from {}{}: {}", client->from,
+                    outcome.claimed_rank >= 0
+                        ? fmt::format(" (claiming rank {})", outcome.claimed_rank)
+                        : std::string(),
                     What(outcome.error));
       error_code ignored;
       client->socket->close(ignored);

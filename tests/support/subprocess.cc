@@ -1,5 +1,6 @@
 #include "tests/support/subprocess.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -13,7 +14,10 @@ namespace pipesgd::testing {
 CommandResult RunCommand(const std::vector<std::string>& argv,
                          const std::map<std::string, std::string>& env, double timeout_s) {
   int out_pipe[2], err_pipe[2];
-  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) std::abort();
+  // Close-on-exec: a command started at the same time from another thread must not inherit
+  // this one's pipes (it would hold them open, and this call would wait for its end too).
+  // dup2 below clears the flag on the copies the child keeps.
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) std::abort();
   pid_t pid = fork();
   if (pid == 0) {
     dup2(out_pipe[1], 1);
