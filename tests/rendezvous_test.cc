@@ -250,7 +250,8 @@ TEST(Rendezvous, ConnectionWithoutTheTokenIsRefusedLoggedAndTheJobCarriesOn) {
       " refused this process: it presented no job token (PIPESGD_JOB_TOKEN must be that of the "
       "job; `pipesgd run` sets it)",
       " did not prove that it knows this job's token: it is not this job's rank 0 (another "
-      "program or another job on that port?); nothing of the job was sent to it",
+      "program or another job on that port, or this rank's PIPESGD_JOB_TOKEN is not the job's); "
+      "nothing of the job was sent to it",
       " refused this process: it presented no job token"};
   for (int i = 0; i < 3; ++i) {
     const size_t end = out2.find('\n', at);
