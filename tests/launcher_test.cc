@@ -3,10 +3,7 @@
 // tier's), the job token, the per-network flags and per-rank output files.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "tests/support/multiproc.h"
 #include "tests/support/subprocess.h"
 
 namespace pipesgd {
@@ -280,15 +278,9 @@ TEST(Run, LocalWorkersShareAJobTokenThatIsOnNoCommandLine) {
 // says why (before, every rank but 0 sent its hello, token and config to the stranger, and the
 // launcher's last line named a random rank).
 TEST(Run, AnExplicitMasterPortInUseIsRefusedBeforeAnyRankStarts) {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(listen(listener, 4), 0);
-  socklen_t len = sizeof(a);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
-  const std::string port = std::to_string(ntohs(a.sin_port));
+  uint16_t taken = 0;
+  const int listener = testing::ListenOnLoopback(&taken);
+  const std::string port = std::to_string(taken);
   const auto r = RunCommand(Args({kBinary, "run", "-np", "4", kConfig, "--master-port", port}, kShort),
                             {}, 60);
   close(listener);

@@ -345,15 +345,8 @@ TEST(Rendezvous, AForeignListenerOnThePortLearnsNeitherTheTokenNorTheJob) {
   const std::string job = "train { learning_rate: 0.0123456 }  # distinctive config text\n";
   const std::string address = "published-address-of-rank-1";
   for (Foreign kind : {Foreign::kSilent, Foreign::kEcho, Foreign::kFakeChallenge}) {
-    const int listener = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    ASSERT_EQ(listen(listener, 4), 0);
-    socklen_t len = sizeof(a);
-    getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
-    const uint16_t port = ntohs(a.sin_port);
+    uint16_t port = 0;
+    const int listener = testing::ListenOnLoopback(&port);
     std::string received;
     std::thread server([&] {
       const int fd = accept(listener, nullptr, nullptr);

@@ -50,6 +50,23 @@ std::string LastErrorLine(const std::string& err) {
   return last;
 }
 
+// Rank `rank` of a short 4-rank job started by hand, with PIPESGD_FAULT = `fault`.
+testing::CommandResult RunRank(int rank, uint16_t port, const std::string& fault,
+                               double timeout_s) {
+  return testing::RunCommand(
+      {kBinary, "worker", kConfig, "--set", "train.epochs=1", "--set", "train.max_steps=8",
+       "--set", "data.train_limit=2048", "--set", "data.test_limit=256", "--set",
+       fmt::format("comm.start_timeout_s={}", kTimeoutS), "--set",
+       fmt::format("comm.timeout_s={}", kTimeoutS)},
+      {{"RANK", std::to_string(rank)},
+       {"WORLD_SIZE", std::to_string(kWorld)},
+       {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", std::to_string(port)},
+       {"PIPESGD_JOB_TOKEN", "0123456789abcdef0123456789abcdef"},
+       {"PIPESGD_FAULT", fault}},
+      timeout_s);
+}
+
 class StartupFailure : public ::testing::TestWithParam<Case> {};
 
 TEST_P(StartupFailure, EverySurvivorNamesTheVictimInTime) {
@@ -65,18 +82,7 @@ TEST_P(StartupFailure, EverySurvivorNamesTheVictimInTime) {
   std::vector<std::thread> ranks;
   for (int r = 0; r < kWorld; ++r) {
     ranks.emplace_back([&, r] {
-      outcomes[r].result = testing::RunCommand(
-          {kBinary, "worker", kConfig, "--set", "train.epochs=1", "--set", "train.max_steps=8",
-           "--set", "data.train_limit=2048", "--set", "data.test_limit=256", "--set",
-           fmt::format("comm.start_timeout_s={}", kTimeoutS), "--set",
-           fmt::format("comm.timeout_s={}", kTimeoutS)},
-          {{"RANK", std::to_string(r)},
-           {"WORLD_SIZE", std::to_string(kWorld)},
-           {"MASTER_ADDR", "127.0.0.1"},
-           {"MASTER_PORT", std::to_string(port)},
-           {"PIPESGD_JOB_TOKEN", "0123456789abcdef0123456789abcdef"},
-           {"PIPESGD_FAULT", fault}},
-          60);
+      outcomes[r].result = RunRank(r, port, fault, 60);
       outcomes[r].end_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     });
@@ -123,18 +129,7 @@ TEST_P(StalledRank, EverySurvivorNamesTheSilentRank) {
   for (int r = 0; r < kWorld; ++r) {
     ranks.emplace_back([&, r] {
       // The silent rank never ends by itself: its command's timeout kills it.
-      results[r] = testing::RunCommand(
-          {kBinary, "worker", kConfig, "--set", "train.epochs=1", "--set", "train.max_steps=8",
-           "--set", "data.train_limit=2048", "--set", "data.test_limit=256", "--set",
-           fmt::format("comm.start_timeout_s={}", kTimeoutS), "--set",
-           fmt::format("comm.timeout_s={}", kTimeoutS)},
-          {{"RANK", std::to_string(r)},
-           {"WORLD_SIZE", std::to_string(kWorld)},
-           {"MASTER_ADDR", "127.0.0.1"},
-           {"MASTER_PORT", std::to_string(port)},
-           {"PIPESGD_JOB_TOKEN", "0123456789abcdef0123456789abcdef"},
-           {"PIPESGD_FAULT", fault}},
-          r == c.victim ? 3 * kTimeoutS : 60);
+      results[r] = RunRank(r, port, fault, r == c.victim ? 3 * kTimeoutS : 60);
       end_s[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     });
   }

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/base/deadline.h"
@@ -37,6 +38,17 @@ class FailureRelay;
 inline constexpr double kReasonWaitS = 1.0;
 
 struct RendezvousOptions {
+  RendezvousOptions() = default;
+  // The fields every caller sets; data_host and relay are optional extras.
+  RendezvousOptions(std::string master_addr_, uint16_t master_port_, int rank_, int world_size_,
+                    std::string job_, std::string token_)
+      : master_addr(std::move(master_addr_)),
+        master_port(master_port_),
+        rank(rank_),
+        world_size(world_size_),
+        job(std::move(job_)),
+        token(std::move(token_)) {}
+
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 29500;
   int rank = 0;

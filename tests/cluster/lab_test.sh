@@ -43,7 +43,8 @@ run_ranks() {  # run_ranks TIMEOUT CMD... (RANK etc. set per node)
   local timeout="$1"; shift
   pids=()
   for i in 0 1 2 3; do
-    RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=29500 OPENBLAS_NUM_THREADS=1 \
+    RANK=$i WORLD_SIZE=4 MASTER_ADDR=${RANKS_MASTER:-$master} MASTER_PORT=${RANKS_PORT:-29500} \
+      OPENBLAS_NUM_THREADS=1 \
       timeout "$timeout" "$LAB" exec "$i" "$@" > "$tmp/out$i" 2> "$tmp/err$i" &
     pids+=($!)
   done
@@ -76,18 +77,9 @@ for i in 0 1 2 3; do
   printf '127.0.0.1 localhost\n%s\n' "$line" > "/etc/netns/${LAB_PREFIX}-n$i/hosts"
 done
 loopback_ranks() {  # loopback_ranks EXTRA_ARGS...: the 4 ranks with MASTER_ADDR=labmaster
-  pids=()
-  for i in 0 1 2 3; do
-    RANK=$i WORLD_SIZE=4 MASTER_ADDR=labmaster MASTER_PORT=29501 OPENBLAS_NUM_THREADS=1 \
-      timeout 120 "$LAB" exec "$i" "$PIPESGD" worker "$SRC/configs/fashion_mnist_mlp.pbtxt" \
-      --set train.max_steps=20 --set train.epochs=1 --set data.test_limit=1000 \
-      --set comm.start_timeout_s=30 "$@" > "$tmp/out$i" 2> "$tmp/err$i" &
-    pids+=($!)
-  done
-  local rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  pids=()
-  return $rc
+  RANKS_MASTER=labmaster RANKS_PORT=29501 run_ranks 120 "$PIPESGD" worker \
+    "$SRC/configs/fashion_mnist_mlp.pbtxt" --set train.max_steps=20 --set train.epochs=1 \
+    --set data.test_limit=1000 --set comm.start_timeout_s=30 "$@"
 }
 t0=${EPOCHREALTIME/./}
 loopback_ranks && fail "a multi-host job with rank 0 on loopback did not fail"

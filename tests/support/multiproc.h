@@ -32,6 +32,10 @@ std::vector<RankResult> RunRanks(int world_size,
 // A TCP port on 127.0.0.1 that was free a moment ago.
 uint16_t FreePort();
 
+// A socket listening on 127.0.0.1 at a free port (a stranger on a port, for tests); sets *port.
+// The caller closes it.
+int ListenOnLoopback(uint16_t* port);
+
 // Helpers to pass floats through RankResult::output.
 std::string PackFloats(const float* data, size_t n);
 std::vector<float> UnpackFloats(const std::string& bytes);
