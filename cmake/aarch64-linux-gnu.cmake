@@ -14,6 +14,9 @@ set(CMAKE_CXX_COMPILER aarch64-linux-gnu-g++)
 # Libraries, headers and CMake packages: the arm64 multiarch ones (lib/aarch64-linux-gnu first,
 # by CMAKE_LIBRARY_ARCHITECTURE); programs (protoc): the host's.
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
+# pkg-config, which some find modules ask first (FindOpenSSL: its answer becomes a search hint
+# ahead of the default paths), must read the arm64 .pc files, not the host's.
+set(ENV{PKG_CONFIG_LIBDIR} "/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig")
 
 find_program(PIPESGD_QEMU_AARCH64 NAMES qemu-aarch64 qemu-aarch64-static REQUIRED)
 set(CMAKE_CROSSCOMPILING_EMULATOR ${PIPESGD_QEMU_AARCH64})
