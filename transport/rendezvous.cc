@@ -39,7 +39,7 @@ constexpr const char* kService = "rendezvous";
 // deadline failure keeps only long enough to flush the answers: every rank has its own
 // deadline then).
 constexpr double kFailureGraceS = 1.0;
-constexpr double kDeadlineFlushS = 0.5;
+constexpr double kDeadlineFlushS = 0.2;
 
 bool IsLoopbackIp(const std::string& ip) {
   boost::system::error_code ec;
