@@ -119,6 +119,16 @@ bool RunUntil(asio::io_context& io, const bool* done, Deadline deadline) {
   return true;
 }
 
+std::string ExceptionText(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 std::string RemoteName(const tcp::socket& socket) {
   boost::system::error_code ec;
   auto remote = socket.remote_endpoint(ec);

@@ -51,6 +51,9 @@ bool RunUntil(boost::asio::io_context& io, const bool* done, Deadline deadline);
 // does not resolve, kUnavailable if there is no route.
 std::string LocalIpToward(const std::string& host, uint16_t port);
 
+// The message of the exception `error` holds (a MessageHandler's error), for logs.
+std::string ExceptionText(const std::exception_ptr& error);
+
 // "ip:port" of the socket's peer, or "unknown peer" if it is already gone.
 std::string RemoteName(const boost::asio::ip::tcp::socket& socket);
 

@@ -25,14 +25,6 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using boost::system::error_code;
 
-std::string What(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-}
-
 constexpr const char* kService = "rendezvous";
 
 // How long rank 0 keeps telling late arrivals why the job failed, after it has decided so (a
@@ -84,10 +76,9 @@ class Server {
                     "for the rendezvous on every interface, port {}",
                     options.master_addr, resolved_, options.master_port);
       endpoint = tcp::endpoint(asio::ip::address_v4::any(), options.master_port);
-      for (const NetInterface& i : ListNetInterfaces()) local_ips_.push_back(i.ip);
-    } else {
-      for (const NetInterface& i : ListNetInterfaces()) local_ips_.push_back(i.ip);
     }
+    // A rank connecting from one of these is on rank 0's host (the loopback check).
+    for (const NetInterface& i : ListNetInterfaces()) local_ips_.push_back(i.ip);
     error_code ec;
     acceptor_.open(endpoint.protocol(), ec);
     if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
@@ -171,7 +162,7 @@ class Server {
                     outcome.claimed_rank >= 0
                         ? fmt::format(" (claiming rank {})", outcome.claimed_rank)
                         : std::string(),
-                    What(outcome.error));
+                    ExceptionText(outcome.error));
       error_code ignored;
       client->socket->close(ignored);
       return;
@@ -203,7 +194,7 @@ class Server {
     }
     if (error) {
       PSGD_LOG_WARN("rank 0: rendezvous dropped a connection from {}: {}", client->from,
-                    What(error));
+                    ExceptionText(error));
       std::erase(accepted_, client);
       error_code ignored;
       client->socket->close(ignored);
@@ -316,7 +307,7 @@ class Server {
     AsyncWriteMessage(*client->socket, reply, [this, client, counts](std::exception_ptr error) {
       if (error) {
         PSGD_LOG_WARN("rank 0: could not send the rendezvous answer to {}: {}", client->from,
-                      What(error));
+                      ExceptionText(error));
       } else if (!counts) {
         error_code ignored;
         client->socket->shutdown(tcp::socket::shutdown_send, ignored);
@@ -426,7 +417,7 @@ std::vector<std::string> RunClient(const RendezvousOptions& options, const std::
     Error e(ErrorCode::kUnavailable,
             fmt::format("rank {}: rendezvous with {} failed before an answer: {} (did rank 0 "
                         "fail? see its output)",
-                        options.rank, where, What(error)));
+                        options.rank, where, ExceptionText(error)));
     throw e.set_culprit(0);
   }
   if (!reply.error().empty()) {

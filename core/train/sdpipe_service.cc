@@ -20,14 +20,6 @@ namespace {
 
 constexpr const char* kService = "group scheduler";
 
-std::string What(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-}
-
 void FillReply(const GroupDecision& d, double window_s, sdpipe::GroupReply* reply) {
   for (int m : d.members) reply->add_members(m);
   reply->set_round(d.round);
@@ -86,7 +78,7 @@ struct GroupSchedulerService::Impl {
           [this, conn](const transport::AuthOutcome& outcome) {
             if (outcome.error || !outcome.refused.empty()) {
               PSGD_LOG_WARN("group scheduler: refused a connection from {}: {}", conn->name,
-                            outcome.error ? What(outcome.error) : outcome.refused);
+                            outcome.error ? transport::ExceptionText(outcome.error) : outcome.refused);
               Close(conn);
               return;
             }
