@@ -6,10 +6,13 @@
 
 #include <sys/resource.h>
 
+#include <filesystem>
+
 #include "core/base/error.h"
 #include "transport/factory.h"
 #include "transport/ibverbs/ib_common.h"
 #ifdef PIPESGD_HAVE_IBVERBS
+#include "transport/ibverbs/gpudirect.h"
 #include "transport/ibverbs/ib_transport.h"
 #endif
 
@@ -351,6 +354,21 @@ TEST(TransportNames, ParseAnyCase) {
   EXPECT_EQ(TransportKindName(TransportKind::kIbverbs), "ibverbs");
   EXPECT_TRUE(TransportCompiled(TransportKind::kTcp));
 }
+
+#ifdef PIPESGD_HAVE_IBVERBS
+// Where no GPU driver is loaded, GPUDirect is not offered, whatever the build (a CUDA build used to
+// claim CUDA memory support on any host, and RegisterMemory(kCuda) then failed as unavailable).
+TEST(GpuDirect, NotUsableWithoutAGpuDriverAndSaysWhy) {
+  if (std::filesystem::exists("/dev/nvidiactl")) GTEST_SKIP() << "this host has an NVIDIA driver";
+  std::string why;
+  EXPECT_FALSE(GpuDirectUsable(&why));
+#ifdef PIPESGD_HAVE_CUDA
+  EXPECT_NE(why.find("libcuda.so.1"), std::string::npos) << why;
+#else
+  EXPECT_NE(why.find("built without CUDA"), std::string::npos) << why;
+#endif
+}
+#endif
 
 }  // namespace
 }  // namespace pipesgd::transport::ibverbs

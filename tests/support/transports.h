@@ -1,6 +1,7 @@
 // The transports the conformance suite runs over, as test parameters: TCP, UCX over tcp, UCX
-// over shared memory, and ibverbs (which skips, with the reason, where there is no RDMA device
-// or the build has no ibverbs).
+// over shared memory, ibverbs, and UCX over rc_verbs and ud_verbs (the last three skip, with the
+// reason, where there is no active RDMA port or the build lacks the library; the rdma tier runs
+// them on soft-RoCE in a QEMU guest: scripts/rdma_vm).
 #pragma once
 
 #include <memory>
@@ -15,12 +16,14 @@
 namespace pipesgd::testing {
 
 struct TransportParam {
-  std::string name;  // for test names: tcp, ucx_tcp, ucx_sm, ibverbs
+  std::string name;  // for test names: tcp, ucx_tcp, ucx_sm, ibverbs, ucx_rc_verbs, ucx_ud_verbs
   transport::TransportKind kind = transport::TransportKind::kTcp;
   std::string ucx_tls;  // UCX_TLS for the ranks ("" = leave the environment alone)
   // A dead peer fails pending receives with kUnavailable; false: only the deadline catches it
   // (UCX 1.13's shared memory has no peer failure handling).
   bool detects_peer_death = true;
+  bool needs_rdma_port = false;  // skips where no RDMA port is active
+  std::vector<std::pair<std::string, std::string>> env;  // more environment for the ranks
 };
 
 std::vector<TransportParam> AllTransportParams();
@@ -31,7 +34,7 @@ inline void PrintTo(const TransportParam& p, std::ostream* os) { *os << p.name; 
 // "" if `p` can run here, else why not (for GTEST_SKIP).
 std::string SkipReason(const TransportParam& p);
 
-// Sets up the environment `p` needs (UCX_TLS) in this (forked) rank.
+// Sets up the environment `p` needs (UCX_TLS, env) in this (forked) rank.
 void ApplyEnvironment(const TransportParam& p);
 
 // A transport of kind p for rank ctx.rank that will connect to `peers` with `streams` each.

@@ -128,6 +128,20 @@ ibv_mr* RegisterCudaMemory(ibv_pd* pd, void* data, size_t bytes, int access, std
         bytes, data, dmabuf_error, std::strerror(err), PeerMemLoaded() ? "loaded" : "not loaded");
 }
 
+bool GpuDirectUsable(std::string* why) {
+  const CudaDriver& cuda = Driver();
+  if (!cuda.loaded) {
+    *why = cuda.error;
+    return false;
+  }
+  int count = 0;
+  if (!cuda.device_count || cuda.device_count(&count) != CUDA_SUCCESS || count == 0) {
+    *why = "the CUDA driver reports no GPU";
+    return false;
+  }
+  return true;
+}
+
 std::string GpuDirectStatus() {
   std::string s = "built (CUDA " PIPESGD_CUDA_VERSION
                   " headers; dma-buf via ibv_reg_dmabuf_mr, falling back to nvidia_peermem); ";
@@ -149,6 +163,11 @@ ibv_mr* RegisterCudaMemory(ibv_pd*, void* data, size_t bytes, int, std::string*)
         "cannot register {} bytes of CUDA memory at {}: this pipesgd was built without CUDA "
         "(the CUDA toolkit was not found at build time), so it has no GPUDirect RDMA",
         bytes, data);
+}
+
+bool GpuDirectUsable(std::string* why) {
+  *why = "this pipesgd was built without CUDA (the CUDA toolkit was not found at build time)";
+  return false;
 }
 
 std::string GpuDirectStatus() {

@@ -24,6 +24,10 @@ namespace pipesgd::transport::ibverbs {
 // causes).
 ibv_mr* RegisterCudaMemory(ibv_pd* pd, void* data, size_t bytes, int access, std::string* how);
 
+// Whether RegisterCudaMemory can work on this host: a CUDA build, libcuda.so.1 loaded and at
+// least one GPU. Otherwise false, with `why` saying what is missing. Never throws.
+bool GpuDirectUsable(std::string* why);
+
 // For `pipesgd info`: built or not, libcuda found or not, driver version, nvidia_peermem loaded.
 std::string GpuDirectStatus();
 

@@ -1,4 +1,4 @@
-// NOT EXERCISED ON HARDWARE (see ib_transport.h). Written against rdma-core 44's libibverbs.
+// Tested on soft-RoCE only (see ib_transport.h). Written against rdma-core 44's libibverbs.
 #include "transport/ibverbs/ib_transport.h"
 
 #include <arpa/inet.h>
@@ -31,6 +31,16 @@ constexpr uint32_t kCtrlSendSlots = kCredits + 8;
 constexpr uint32_t kSendDepth = kCtrlSendSlots + kCredits + 8;
 constexpr uint32_t kCtrlMagic = 0x58475350;  // "PSGX"
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+// Local ACK timeout 4.096 us * 2^16 ~ 268 ms, 6 retries: a queue pair whose peer is gone sees
+// IBV_WC_RETRY_EXC_ERR ~1.9 s after its last unacknowledged packet.
+constexpr uint8_t kAckTimeout = 16;
+// 6, not 7: soft-RoCE (rdma_rxe) treats a retry count of 7 as "retry forever", like rnr_retry.
+constexpr uint8_t kRetryCount = 6;
+// A peer that dies sends nothing, and a receiver with nothing to send never learns of it: after
+// this long without a completion on a connection with pending ops, a zero-length RDMA write
+// (acknowledged by the peer's NIC, whatever its process is doing) asks whether its queue pair
+// still exists. Detection: this plus the retries above, ~2.4 s.
+constexpr auto kProbeAfter = std::chrono::milliseconds(500);
 
 enum class CtrlType : uint8_t { kHello = 1, kCts = 2 };
 
@@ -50,7 +60,7 @@ struct Ctrl {
 static_assert(sizeof(Ctrl) == kCtrlBytes);
 
 // wr_id: [connection index:24][kind:8][slot or sequence:32].
-enum class WrKind : uint64_t { kRecv = 1, kCtrlSend = 2, kWrite = 3 };
+enum class WrKind : uint64_t { kRecv = 1, kCtrlSend = 2, kWrite = 3, kProbe = 4 };
 uint64_t WrId(size_t conn, WrKind kind, uint32_t n) {
   return (static_cast<uint64_t>(conn) << 40) | (static_cast<uint64_t>(kind) << 32) | n;
 }
@@ -132,6 +142,12 @@ class IbConnection final : public Connection {
   // INIT -> RTR -> RTS toward the peer's queue pair, then post every receive slot and the hello.
   void Establish(const IbAddress& remote, const QpInfo& qp, int world_size);
   bool hello_done() const { return hello_received_ && hello_sent_; }
+  // While connecting: if the hello ran out of retries because the peer's queue pair was not yet
+  // listening (RTR), and every flushed request has come back, takes the queue pair through RESET
+  // to RTS again and resends it. Returns true if it did.
+  bool RetryHelloIfDue();
+  // Sends a liveness probe if ops wait on this connection and nothing completed for kProbeAfter.
+  void ProbeIfIdle(Deadline::Clock::time_point now);
   // The peer's hello (valid once hello_done()).
   const Ctrl& peer_hello() const { return peer_hello_; }
   size_t index() const { return index_; }
@@ -146,6 +162,8 @@ class IbConnection final : public Connection {
   void Pump();
   void PostCtrl(const Ctrl& ctrl);
   void PostRecvSlot(uint32_t slot);
+  void ToInit();
+  void ToRts();
   void Complete(OpQueue& queue);
   void FailWith(ErrorCode code, const std::string& what);
   uint8_t* CtrlRecvSlot(uint32_t i) { return arena_.get() + i * kCtrlBytes; }
@@ -168,6 +186,13 @@ class IbConnection final : public Connection {
   uint32_t ctrl_send_next_ = 0;
   int64_t posted_ = 0;  // work requests not yet completed (sends and receives)
   bool established_ = false;
+  IbAddress remote_;  // for ToRts (again, after a hello retry)
+  QpInfo remote_qp_;
+  int world_size_ = 0;
+  bool hello_retry_ = false;  // the hello's retries ran out before the peer listened
+  int hello_attempts_ = 0;
+  bool probe_outstanding_ = false;
+  Deadline::Clock::time_point last_progress_ = Deadline::Clock::now();
   bool hello_sent_ = false;
   bool hello_received_ = false;
   Ctrl peer_hello_;
@@ -209,12 +234,10 @@ class IbTransport final : public Transport {
 
   std::string name() const override { return "ibverbs"; }
   int rank() const override { return options_.rank; }
+  // CUDA memory only where GPUDirect RDMA can work at run time: a CUDA build on a host without
+  // a GPU (CI, most build machines) must say no, not fail later in RegisterMemory.
   Capabilities capabilities() const override {
-#ifdef PIPESGD_HAVE_CUDA
-    return {.byte_stream = false, .cuda_memory = true};
-#else
-    return {.byte_stream = false, .cuda_memory = false};
-#endif
+    return {.byte_stream = false, .cuda_memory = cuda_memory_};
   }
   std::string Describe() const override { return describe_; }
   std::string LocalAddress() const override { return address_; }
@@ -263,6 +286,8 @@ class IbTransport final : public Transport {
   uint64_t pinned_ = 0;
   bool ipc_lock_ = false;
   MemlockLimit memlock_;
+  bool cuda_memory_ = false;
+  std::string no_cuda_why_;  // why not, when !cuda_memory_
   std::string address_;
   std::string describe_;
   std::map<std::pair<int, int>, std::unique_ptr<IbConnection>> unconnected_;  // (peer, stream)
@@ -300,22 +325,13 @@ IbConnection::IbConnection(IbTransport& owner, size_t index, int self_rank, int 
   init.sq_sig_all = 1;
   qp_.reset(ibv_create_qp(owner.pd(), &init));
   if (!qp_) ThrowVerbs(self_rank, "ibv_create_qp", errno);
-
-  ibv_qp_attr attr{};
-  attr.qp_state = IBV_QPS_INIT;
-  attr.pkey_index = 0;
-  attr.port_num = owner.port();
-  attr.qp_access_flags = kAccess;
-  if (int err = ibv_modify_qp(qp_.get(), &attr,
-                              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
-    ThrowVerbs(self_rank, "ibv_modify_qp(INIT)", err);
-  }
+  ToInit();
   psn_ = std::random_device{}() & 0xffffff;
 
   void* arena = std::aligned_alloc(4096, (ArenaBytes() + 4095) / 4096 * 4096);
   if (!arena) Throw(ErrorCode::kInternal, "rank {}: out of memory for RDMA staging", self_rank);
   arena_.reset(static_cast<uint8_t*>(arena));
-  arena_mr_ = owner.RegisterHost(arena_.get(), ArenaBytes(), "the ibverbs staging buffers");
+  arena_mr_ = owner.RegisterHost(arena_.get(), ArenaBytes(), "the ibverbs staging area");
 }
 
 IbConnection::~IbConnection() {
@@ -333,7 +349,44 @@ IbConnection::~IbConnection() {
   if (arena_mr_) owner_.Unpinned(ArenaBytes());
 }
 
+void IbConnection::ToInit() {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.pkey_index = 0;
+  attr.port_num = owner_.port();
+  attr.qp_access_flags = kAccess;
+  if (int err = ibv_modify_qp(qp_.get(), &attr,
+                              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+    ThrowVerbs(self_rank_, "ibv_modify_qp(INIT)", err);
+  }
+}
+
 void IbConnection::Establish(const IbAddress& remote, const QpInfo& qp, int world_size) {
+  remote_ = remote;
+  remote_qp_ = qp;
+  world_size_ = world_size;
+  ToRts();
+}
+
+bool IbConnection::RetryHelloIfDue() {
+  if (!hello_retry_ || !quiet() || failed_) return false;
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RESET;
+  if (int err = ibv_modify_qp(qp_.get(), &attr, IBV_QP_STATE)) {
+    ThrowVerbs(self_rank_, fmt::format("ibv_modify_qp(RESET) toward rank {}", peer_rank_).c_str(), err);
+  }
+  hello_retry_ = false;
+  ctrl_send_next_ = 0;
+  PSGD_LOG_DEBUG("rank {}: rank {} stream {} was not listening yet; hello attempt {}", self_rank_,
+                 peer_rank_, stream_, hello_attempts_ + 1);
+  ToInit();
+  ToRts();
+  return true;
+}
+
+void IbConnection::ToRts() {
+  const IbAddress& remote = remote_;
+  const QpInfo& qp = remote_qp_;
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTR;
   attr.path_mtu = static_cast<ibv_mtu>(std::min(owner_.mtu(), remote.mtu));
@@ -360,10 +413,10 @@ void IbConnection::Establish(const IbAddress& remote, const QpInfo& qp, int worl
 
   attr = {};
   attr.qp_state = IBV_QPS_RTS;
-  // Retries: 4.096 us * 2^18 ~ 1.07 s each, 7 of them: a peer may take a few seconds to reach
-  // RTR after the rendezvous, and a dead one is reported after ~8 s.
-  attr.timeout = 18;
-  attr.retry_cnt = 7;
+  // A peer later than the retries to reach RTR costs a hello retry (RetryHelloIfDue), not the
+  // connection; a dead peer is reported ~2 s after the first packet it did not acknowledge.
+  attr.timeout = kAckTimeout;
+  attr.retry_cnt = kRetryCount;
   attr.rnr_retry = 7;  // receive slots are always posted; 7 = retry forever
   attr.sq_psn = psn_;
   attr.max_rd_atomic = 1;
@@ -377,8 +430,29 @@ void IbConnection::Establish(const IbAddress& remote, const QpInfo& qp, int worl
   hello.type = static_cast<uint8_t>(CtrlType::kHello);
   hello.stream = static_cast<uint16_t>(stream_);
   hello.rank = self_rank_;
-  hello.length = static_cast<uint32_t>(world_size);
+  hello.length = static_cast<uint32_t>(world_size_);
+  ++hello_attempts_;
   PostCtrl(hello);  // the first control send: its completion sets hello_sent_
+}
+
+void IbConnection::ProbeIfIdle(Deadline::Clock::time_point now) {
+  if (!established_ || failed_ || probe_outstanding_ || !hello_done() ||
+      (!recv_.head && !send_.head) || now - last_progress_ < kProbeAfter) {
+    return;
+  }
+  // Zero bytes need no valid remote address or key (IBTA C9-88) and consume no receive.
+  ibv_send_wr wr{};
+  wr.wr_id = WrId(index_, WrKind::kProbe, 0);
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.num_sge = 0;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  if (int err = ibv_post_send(qp_.get(), &wr, &bad)) {
+    return FailWith(ErrorCode::kInternal, fmt::format("ibv_post_send(liveness probe) to rank {} failed: {}",
+                                                      peer_rank_, std::strerror(err)));
+  }
+  ++posted_;
+  probe_outstanding_ = true;
 }
 
 void IbConnection::PostRecvSlot(uint32_t slot) {
@@ -608,10 +682,20 @@ void IbConnection::OnCompletion(const ibv_wc& wc) {
   const auto kind = static_cast<WrKind>((wc.wr_id >> 32) & 0xff);
   const auto n = static_cast<uint32_t>(wc.wr_id & 0xffffffff);
   if (wc.status != IBV_WC_SUCCESS) {
+    // The hello (the only request before the peer's hello arrives) found no listener: retry it
+    // once the flushes that follow are in (RetryHelloIfDue), not fail the connection.
+    if (!failed_ && !hello_received_ && !hello_sent_ &&
+        (hello_retry_ || (kind == WrKind::kCtrlSend && wc.status == IBV_WC_RETRY_EXC_ERR))) {
+      hello_retry_ = true;
+      return;
+    }
     if (!failed_) {
       FailWith(ErrorCode::kUnavailable,
                fmt::format("{} failed: {} (vendor error {:#x}){}",
-                           kind == WrKind::kRecv ? "a receive" : kind == WrKind::kWrite ? "an RDMA write" : "a control send",
+                           kind == WrKind::kRecv    ? "a receive"
+                           : kind == WrKind::kWrite ? "an RDMA write"
+                           : kind == WrKind::kProbe ? "a liveness probe"
+                                                    : "a control send",
                            ibv_wc_status_str(wc.status), wc.vendor_err,
                            wc.status == IBV_WC_RETRY_EXC_ERR
                                ? fmt::format(": rank {} is gone or unreachable", peer_rank_)
@@ -620,7 +704,11 @@ void IbConnection::OnCompletion(const ibv_wc& wc) {
     return;
   }
   if (failed_) return;
+  last_progress_ = Deadline::Clock::now();
   switch (kind) {
+    case WrKind::kProbe:
+      probe_outstanding_ = false;
+      break;
     case WrKind::kRecv: {
       if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
         const uint32_t seq = ntohl(wc.imm_data);
@@ -686,6 +774,7 @@ void IbConnection::OnCompletion(const ibv_wc& wc) {
 // IbTransport
 
 IbTransport::IbTransport(const IbOptions& options) : options_(options) {
+  cuda_memory_ = GpuDirectUsable(&no_cuda_why_);
   memlock_ = ReadMemlockLimit();
   ipc_lock_ = HasIpcLockCapability();
   const std::vector<IbDeviceDesc> devices = ProbeIbDevices();
@@ -784,6 +873,12 @@ MrPtr IbTransport::RegisterHost(void* data, size_t bytes, const char* what) {
 std::unique_ptr<MemoryRegion> IbTransport::RegisterMemory(void* data, size_t bytes,
                                                           MemoryKind kind) {
   if (kind == MemoryKind::kCuda) {
+    if (!cuda_memory_) {
+      Throw(ErrorCode::kInvalidArgument,
+            "rank {}: cannot register {} bytes of CUDA memory at {} with the ibverbs transport: "
+            "GPUDirect RDMA is not usable here ({})",
+            options_.rank, bytes, data, no_cuda_why_);
+    }
     std::string how;
     MrPtr mr(RegisterCudaMemory(pd_.get(), data, bytes, kAccess, &how));
     PSGD_LOG_INFO("rank {}: registered {} bytes of CUDA memory for GPUDirect RDMA ({})",
@@ -862,7 +957,9 @@ void IbTransport::Wait(Op& op, Deadline deadline, const char* what,
       continue;
     }
     if (++idle < 256) continue;
-    Sleep(std::min(deadline.when(), Deadline::Clock::now() + std::chrono::milliseconds(50)));
+    const auto now = Deadline::Clock::now();
+    for (auto& [index, c] : live_) c->ProbeIfIdle(now);
+    Sleep(std::min(deadline.when(), now + std::chrono::milliseconds(50)));
   }
   if (op.error) std::rethrow_exception(op.error);
 }
@@ -918,6 +1015,7 @@ std::vector<std::unique_ptr<Connection>> IbTransport::Connect(
     bool all = true;
     for (auto& c : connections) {
       if (c->failed()) std::rethrow_exception(c->failed());
+      c->RetryHelloIfDue();
       all = all && c->hello_done();
     }
     if (all) break;

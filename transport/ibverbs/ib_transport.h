@@ -1,10 +1,8 @@
 // The ibverbs transport: reliable-connected (RC) queue pairs to each peer, receiver-driven RDMA
 // writes with immediate, credit-based flow control, and GPUDirect RDMA for CUDA memory.
 //
-// NOT EXERCISED ON HARDWARE: the machine this was written on has no RDMA device (and no
-// rdma_rxe). It compiles and links; its device-free parts (transport/ibverbs/ib_common.h) are
-// unit-tested; the conformance suite skips it with a message. docs/transports.md says what
-// remains to verify.
+// Tested on soft-RoCE (rdma_rxe in a QEMU guest: ctest -L rdma, scripts/rdma_vm), never on a
+// real NIC, InfiniBand or GPUDirect; docs/transports.md says what remains to verify.
 //
 // Address (rendezvous bytes): an IbAddress (ib_common.h): lid, gid, port, MTU, and the qpn and
 // psn of one queue pair per (peer, stream). The queue pairs are created with the transport, for
@@ -20,6 +18,8 @@
 // copy; the only way for CUDA memory), an 8 KiB staging slot for small unregistered parts (the
 // ring's chunk headers), or a registration made for the one op (large unregistered host parts).
 // Completion: one CQ with a completion channel; Wait polls it, then sleeps on the channel's fd.
+// Liveness: Wait sends a zero-length RDMA write on a connection that has waited 0.5 s without a
+// completion; a dead peer's missing acknowledgement fails it ~2 s later.
 #pragma once
 
 #include <memory>
