@@ -73,6 +73,35 @@ TEST_P(Conformance, ConnectsAndTalksBothWaysOnEveryStream) {
   EXPECT_EQ(results[1].output, "0;1;2;");
 }
 
+// A peer that reaches Connect seconds after the others (a slow host, a rank still loading its
+// data): the connection is still made within the deadline. Over ibverbs the early side's hello
+// finds no listening queue pair and runs out of retries (~1.9 s) first, then is sent again.
+TEST_P(Conformance, ConnectsWhenAPeerIsSecondsLate) {
+  const TransportParam p = GetParam();
+  auto results = RunRanks(2, [&](const RankContext& ctx) {
+    const std::vector<int> peers = {1 - ctx.rank};
+    auto t = testing::MakeTransport(p, ctx, peers, 1);
+    transport::RendezvousOptions rdv{"127.0.0.1", ctx.master_port, ctx.rank, ctx.world_size,
+                                     "test", ""};
+    auto addresses = transport::RendezvousAllGather(rdv, t->LocalAddress(), Deadline::After(30));
+    if (ctx.rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+    auto connections = t->Connect({{1 - ctx.rank, addresses[1 - ctx.rank]}}, Deadline::After(30), 1);
+    uint32_t out = 7u + static_cast<uint32_t>(ctx.rank), in = 0;
+    Op send, recv;
+    send.Set(&out, sizeof(out));
+    recv.Set(&in, sizeof(in));
+    connections[0]->PostRecv(recv);
+    connections[0]->PostSend(send);
+    t->Wait(recv, Deadline::After(20), "a value");
+    t->Wait(send, Deadline::After(20), "a send");
+    return std::to_string(in);
+  }, 90);
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
+  ASSERT_EQ(results[1].exit_code, 0) << results[1].error;
+  EXPECT_EQ(results[0].output, "8");
+  EXPECT_EQ(results[1].output, "7");
+}
+
 // Header + payload sends (the ring's shape), sizes 0 B .. 64 MiB, both directions at once.
 TEST_P(Conformance, ExchangesEverySizeUpTo64MiBExactly) {
   const TransportParam p = GetParam();
