@@ -16,7 +16,7 @@ if [[ "$WHICH" == asan || "$WHICH" == all ]]; then
     -DPIPESGD_SANITIZE=address,undefined -DPIPESGD_BUILD_BENCH=OFF "${opt[@]}" >/dev/null
   cmake --build build-asan --parallel "$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan -LE cluster --output-on-failure -j "$jobs" \
+    ctest --test-dir build-asan -LE "cluster|rdma" --output-on-failure -j "$jobs" \
     -E "MainJob|CompressedMainJob|CnnJob|StartupFailure|StalledRank"
   # Excluded: the accuracy runs (same code paths as shorter tests, 3x slower here) and the
   # phase x victim matrix (38 four-process jobs, mostly waiting out deadlines; the relay and the
@@ -34,6 +34,6 @@ if [[ "$WHICH" == tsan || "$WHICH" == all ]]; then
     ps_trainer_test timeline_test staged_allreduce_test sdpipe_test device_slots_test api_test \
     pipeline_p2p_test pipeline_trainer_test powersgd_test failure_relay_test rendezvous_test
   UCX_MEM_MMAP_HOOK_MODE=none TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-    ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
+    ctest --test-dir build-tsan -LE rdma --output-on-failure -j "$jobs" \
     -R "StaleRecurrence|Divergence|DataParallel|StalenessCompensation|StalenessStability|SyncWarmup|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall|Conformance|PsSync|PsAsync|TimelineTraining|StagedAllReduce|SdpipeService|GroupAveraging|SdpipeTrainer|DeviceSlots|ApiTrainer|PipelineP2p|PipelineTrainer|PowerSgd|FailureRelay|Rendezvous\."
 fi

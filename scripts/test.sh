@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's second command (and what CI runs): installs the Debian packages if missing, builds
 # pipesgd with its tests, and runs the whole suite with ctest: every tier this machine allows
-# (unit, multiproc; cluster and gpu tiers skip themselves with a message where they cannot run).
+# (unit, multiproc; the cluster, rdma and gpu tiers skip themselves with a message where they
+# cannot run: the rdma tier needs `scripts/rdma_vm --install`).
 # Extra arguments go to ctest, e.g.  scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
