@@ -23,6 +23,7 @@
 #include <zlib.h>
 
 #include "tests/support/subprocess.h"
+#include "tests/support/temp_dir.h"
 
 namespace pipesgd {
 namespace {
@@ -31,27 +32,15 @@ namespace fs = std::filesystem;
 using testing::CommandResult;
 using testing::RunCommand;
 
+// Each test's own directory, named for this file.
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("pipesgd_cli") {}
+};
+
 const std::string kBinary = PIPESGD_BINARY;
 const std::string kConfig = std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp.pbtxt";
 const std::string kData = "/usr/share/datasets/fashion-mnist/";
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "pipesgd_cli_XXXXXX").string();
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string File(const std::string& name, const std::string& contents) const {
-    std::string p = (path_ / name).string();
-    std::ofstream(p, std::ios::binary) << contents;
-    return p;
-  }
-  std::string path(const std::string& name = "") const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 std::string Gunzip(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");

@@ -19,6 +19,7 @@
 
 #include "tests/support/multiproc.h"
 #include "tests/support/subprocess.h"
+#include "tests/support/temp_dir.h"
 
 namespace pipesgd {
 namespace {
@@ -27,6 +28,11 @@ namespace fs = std::filesystem;
 using testing::CommandResult;
 using testing::RunCommand;
 
+// Each test's own directory, named for this file.
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("pipesgd_launcher") {}
+};
+
 const std::string kBinary = PIPESGD_BINARY;
 const std::string kConfig = std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp.pbtxt";
 const std::string kFakeSsh = std::string(PIPESGD_SOURCE_DIR) + "/tests/support/fake_ssh.sh";
@@ -34,18 +40,6 @@ const std::string kFakeSsh = std::string(PIPESGD_SOURCE_DIR) + "/tests/support/f
 const std::vector<std::string> kShort = {"--set", "data.train_limit=1600", "--set",
                                          "data.test_limit=1000", "--set", "train.epochs=1"};
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "pipesgd_launcher_XXXXXX").string();
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string path(const std::string& name = "") const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 std::vector<std::string> Args(std::vector<std::string> head, const std::vector<std::string>& tail) {
   head.insert(head.end(), tail.begin(), tail.end());

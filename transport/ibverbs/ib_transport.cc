@@ -144,8 +144,8 @@ class IbConnection final : public Connection {
   bool hello_done() const { return hello_received_ && hello_sent_; }
   // While connecting: if the hello ran out of retries because the peer's queue pair was not yet
   // listening (RTR), and every flushed request has come back, takes the queue pair through RESET
-  // to RTS again and resends it. Returns true if it did.
-  bool RetryHelloIfDue();
+  // to RTS again and resends it.
+  void RetryHelloIfDue();
   // Sends a liveness probe if ops wait on this connection and nothing completed for kProbeAfter.
   void ProbeIfIdle(Deadline::Clock::time_point now);
   // The peer's hello (valid once hello_done()).
@@ -368,8 +368,8 @@ void IbConnection::Establish(const IbAddress& remote, const QpInfo& qp, int worl
   ToRts();
 }
 
-bool IbConnection::RetryHelloIfDue() {
-  if (!hello_retry_ || !quiet() || failed_) return false;
+void IbConnection::RetryHelloIfDue() {
+  if (!hello_retry_ || !quiet() || failed_) return;
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RESET;
   if (int err = ibv_modify_qp(qp_.get(), &attr, IBV_QP_STATE)) {
@@ -381,7 +381,6 @@ bool IbConnection::RetryHelloIfDue() {
                  peer_rank_, stream_, hello_attempts_ + 1);
   ToInit();
   ToRts();
-  return true;
 }
 
 void IbConnection::ToRts() {
