@@ -5,7 +5,10 @@
 //   pipesgd_train_bench configs/fashion_mnist_cnn.pbtxt --batch 64 --steps 200 --repeats 3
 //   pipesgd_train_bench configs/fashion_mnist_cnn.pbtxt --batch 64 --device cuda --gpu 0
 //
-// CPU threads: OpenBLAS's (OPENBLAS_NUM_THREADS); the layers themselves are single-threaded.
+// With --device cuda, --set model.device=CUDA --set model.kernels=CUBLAS picks the GPU
+// convolutions (AUTO: cuDNN where it loads).
+// CPU threads: OpenBLAS's (OPENBLAS_NUM_THREADS) for the linear layers and the openblas
+// convolutions, OpenMP's (OMP_NUM_THREADS) for the oneDNN ones (model.kernels).
 // On the GPU (builds with the CUDA backend) the inputs are uploaded once; each step waits for its
 // loss as the trainer does, and the timer stops after the stream is drained.
 // Prints one JSON object per line: model, batch, threads, steps, and samples/s of each repeat
@@ -22,6 +25,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
 
 #include "core/base/error.h"
 #include "launcher/config.h"
@@ -59,6 +63,9 @@ int main(int argc, char** argv) {
                "side to build the same model");
   CLI11_PARSE(app, argc, argv);
 
+  // stdout is the JSON lines; the model builder's info lines would break them (the kernels
+  // they name are in the JSON).
+  spdlog::set_level(spdlog::level::warn);
   try {
     const config::Job job = launcher::LoadJobConfig(config_path, sets);
     if (print_job) {
@@ -90,6 +97,7 @@ int main(int argc, char** argv) {
     };
     std::function<void()> drain = [] {};
     std::string where = layers::BlasDescription();
+    std::string kernels = layers::ToString(launcher::CpuKernels(job.model()));
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
     std::unique_ptr<cuda::Context> ctx;
     std::unique_ptr<cuda::CudaModel> gpu_model;
@@ -123,6 +131,7 @@ int main(int argc, char** argv) {
       };
       drain = [&] { ctx->Synchronize("the benchmark's last step"); };
       where = ctx->description();
+      kernels = cuda::ToString(launcher::GpuKernels(job.model()));
     }
 #else
     if (device_name == "cuda") {
@@ -153,10 +162,11 @@ int main(int argc, char** argv) {
     std::sort(sorted.begin(), sorted.end());
     std::printf("%s\n",
                 fmt::format("{{\"impl\": \"pipesgd\", \"config\": \"{}\", \"model\": \"{}\", "
-                            "\"params\": {}, \"batch\": {}, \"device\": \"{}\", \"blas\": \"{}\", \"steps\": {}, "
+                            "\"params\": {}, \"batch\": {}, \"device\": \"{}\", \"blas\": \"{}\", "
+                            "\"kernels\": \"{}\", \"steps\": {}, "
                             "\"samples_per_s\": [{:.1f}], \"median_samples_per_s\": {:.1f}}}",
                             config_path, model.Describe(), model.num_params(), batch, device_name,
-                            where, steps, fmt::join(rates, ", "),
+                            where, kernels, steps, fmt::join(rates, ", "),
                             sorted[sorted.size() / 2])
                     .c_str());
   } catch (const Error& e) {

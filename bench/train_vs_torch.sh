@@ -6,6 +6,8 @@
 # Prints a table; with OUT, also every measurement as one JSON object per line.
 # Needs PyTorch for /usr/bin/python3 (Debian python3-torch; not in scripts/install_deps.sh, being
 # large and needed only here). STEPS, REPEATS, THREADS ("1 2"), BATCHES ("16 64") override.
+# THREADS sets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS (oneDNN's) for pipesgd, torch's
+# set_num_threads for PyTorch. SET="model.kernels=OPENBLAS" passes --set to pipesgd's side.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -25,8 +27,8 @@ for cfg in fashion_mnist_mlp fashion_mnist_cnn; do
   "$bench" "$root/configs/$cfg.pbtxt" --print-job > "$tmp/job.json"
   for threads in ${THREADS:-1 2}; do
     for batch in ${BATCHES:-16 64}; do
-      p=$(OPENBLAS_NUM_THREADS=$threads "$bench" "$root/configs/$cfg.pbtxt" --batch "$batch" \
-            --steps "$steps" --repeats "$repeats")
+      p=$(OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads "$bench" "$root/configs/$cfg.pbtxt" --batch "$batch" \
+            --steps "$steps" --repeats "$repeats" ${SET:+--set "$SET"})
       t=$(OMP_NUM_THREADS=$threads "$python" "$root/bench/torch_train_throughput.py" "$tmp/job.json" \
             --batch "$batch" --threads "$threads" --steps "$steps" --repeats "$repeats")
       if [ -n "$out" ]; then

@@ -30,10 +30,21 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
+#include "layers/layer.h"
 #include "transport/ifname.h"
 
 namespace pipesgd::launcher {
 namespace {
+
+// Whether model.kernels = CUDNN can run in this build (whether libcudnn loads is the worker's
+// question, on its machine).
+constexpr bool CudnnBuilt() {
+#ifdef PIPESGD_HAVE_CUDNN
+  return true;
+#else
+  return false;
+#endif
+}
 
 // Whether model.device = CUDA can run in this build.
 constexpr bool CudaBackendBuilt() {
@@ -722,6 +733,31 @@ class Validator {
     }
   }
 
+  // model.kernels: a library of the model's device that this build has.
+  void CheckKernels(const config::Model& model, std::vector<Step>* steps) {
+    const config::Model::Kernels k = model.kernels();
+    if (k == config::Model::AUTO) return;
+    const bool cpu_library = k == config::Model::ONEDNN || k == config::Model::OPENBLAS;
+    const bool on_cpu = model.device() == config::Model::CPU;
+    std::string problem;
+    if (cpu_library != on_cpu) {
+      problem = fmt::format("a {} library, but model.device is {}; expected {} or AUTO",
+                            cpu_library ? "CPU" : "GPU", config::Model::Device_Name(model.device()),
+                            on_cpu ? "ONEDNN, OPENBLAS" : "CUDNN, CUBLAS");
+    } else if (k == config::Model::ONEDNN && !layers::HaveOneDnn()) {
+      problem = "this pipesgd was built without oneDNN (no libdnnl-dev at build time, or "
+                "-DPIPESGD_WITH_ONEDNN=OFF); use AUTO or OPENBLAS, or rebuild with libdnnl-dev";
+    } else if (k == config::Model::CUDNN && !CudnnBuilt()) {
+      problem = "this pipesgd was built without cuDNN (no cudnn.h in the CUDA toolkit at build "
+                "time); use AUTO or CUBLAS";
+    }
+    if (problem.empty()) return;
+    steps->push_back({Field<config::Model>(config::Model::kKernelsFieldNumber), -1});
+    Report(*steps, fmt::format("{} = {}: {}", PathString(*steps), config::Model::Kernels_Name(k),
+                               problem));
+    steps->pop_back();
+  }
+
   void CheckModel(const config::Model& model, std::vector<Step>* steps) {
     if (model.layers_size() == 0) {
       steps->push_back({Field<config::Model>(config::Model::kLayersFieldNumber), -1});
@@ -739,6 +775,7 @@ class Validator {
                                  PathString(*steps)));
       steps->pop_back();
     }
+    CheckKernels(model, steps);
     if (model.gpu_index() != -1 && model.device() != config::Model::CUDA) {
       steps->push_back({Field<config::Model>(config::Model::kGpuIndexFieldNumber), -1});
       Report(*steps, fmt::format("{} = {}: applies only to model.device: CUDA (device is {})",

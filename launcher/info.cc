@@ -5,6 +5,7 @@
 #include "core/base/error.h"
 #include "layers/model.h"
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "layers/cuda/cuda_model.h"
 #include "layers/cuda/device.h"
 #endif
 #include "transport/factory.h"
@@ -34,11 +35,15 @@ std::string InfoReport() {
       "CUDA: backend built (model.device = CUDA: cuBLAS + CUDA kernels, device gradient slots); "
       "{}\n",
       cuda::CudaDescription());
+  out += fmt::format("GPU convolutions (model.kernels = AUTO): {}\n",
+                     cuda::GpuKernelsDescription());
 #else
   out += "CUDA: backend not built (no CUDA toolkit at build time, or -DPIPESGD_CUDA=OFF); "
          "model.device = CPU only\n";
 #endif
   out += fmt::format("BLAS: {}\n", layers::BlasDescription());
+  out += fmt::format("CPU convolutions and pooling (model.kernels = AUTO): {}\n",
+                     layers::CpuKernelsDescription());
   return out;
 }
 

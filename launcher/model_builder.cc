@@ -1,8 +1,13 @@
 #include "launcher/model_builder.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include "core/base/log.h"
+#include "layers/model.h"
 
 namespace pipesgd::launcher {
 
@@ -11,7 +16,42 @@ layers::Shape InputShape(const config::Model& spec) {
           static_cast<size_t>(spec.input_width())};
 }
 
+layers::CpuKernels CpuKernels(const config::Model& spec) {
+  switch (spec.kernels()) {
+    case config::Model::ONEDNN:
+      return layers::CpuKernels::kOneDnn;
+    case config::Model::OPENBLAS:
+      return layers::CpuKernels::kOpenBlas;
+    default:  // AUTO; the config loader rejects the GPU names with device CPU
+      return layers::DefaultCpuKernels();
+  }
+}
+
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+cuda::GpuKernels GpuKernels(const config::Model& spec) {
+  switch (spec.kernels()) {
+    case config::Model::CUDNN:
+      return cuda::GpuKernels::kCudnn;
+    case config::Model::CUBLAS:
+      return cuda::GpuKernels::kCublas;
+    default:  // AUTO; the config loader rejects the CPU names with device CUDA
+      return cuda::DefaultGpuKernels();
+  }
+}
+#endif
+
+namespace {
+
+bool HasSpatialLayers(const config::Model& spec) {
+  return std::any_of(spec.layers().begin(), spec.layers().end(), [](const config::Layer& l) {
+    return l.has_conv2d() || l.has_max_pool2d();
+  });
+}
+
+}  // namespace
+
 std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spec) {
+  const layers::CpuKernels kernels = CpuKernels(spec);
   std::vector<std::unique_ptr<layers::Layer>> stack;
   layers::Shape shape = InputShape(spec);
   for (const auto& layer : spec.layers()) {
@@ -22,11 +62,12 @@ std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spe
     } else if (layer.has_conv2d()) {
       const auto& c = layer.conv2d();
       stack.push_back(layers::MakeConv2d(shape, c.out_channels(), c.kernel_size(), c.stride(),
-                                         c.padding()));
+                                         c.padding(), kernels));
     } else if (layer.has_max_pool2d()) {
       const auto& m = layer.max_pool2d();
       stack.push_back(layers::MakeMaxPool2d(shape, m.kernel_size(),
-                                            m.stride() == 0 ? m.kernel_size() : m.stride()));
+                                            m.stride() == 0 ? m.kernel_size() : m.stride(),
+                                            kernels));
     } else if (layer.has_dropout()) {
       stack.push_back(layers::MakeDropout(shape, layer.dropout().p()));
     } else if (layer.has_flatten()) {
@@ -36,11 +77,26 @@ std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spe
     }
     shape = stack.back()->out_shape();
   }
+  if (HasSpatialLayers(spec) && spec.device() == config::Model::CPU) {
+    PSGD_LOG_INFO("model.kernels = {}: convolutions and pooling on {}",
+                  config::Model::Kernels_Name(spec.kernels()),
+                  kernels == layers::DefaultCpuKernels() ? layers::CpuKernelsDescription()
+                                                         : layers::ToString(kernels));
+  }
   return stack;
 }
 
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
 std::vector<std::unique_ptr<cuda::CudaLayer>> BuildCudaLayers(const config::Model& spec) {
+  const cuda::GpuKernels kernels = GpuKernels(spec);
+  if (HasSpatialLayers(spec)) {
+    std::string why_not;
+    const bool cudnn = cuda::CudnnUsable(&why_not);
+    PSGD_LOG_INFO("model.kernels = {}: GPU convolutions on {}{}",
+                  config::Model::Kernels_Name(spec.kernels()), cuda::ToString(kernels),
+                  kernels == cuda::GpuKernels::kCublas && !cudnn ? " (no cuDNN: " + why_not + ")"
+                                                                 : "");
+  }
   std::vector<std::unique_ptr<cuda::CudaLayer>> stack;
   layers::Shape shape = InputShape(spec);
   for (const auto& layer : spec.layers()) {
@@ -51,7 +107,7 @@ std::vector<std::unique_ptr<cuda::CudaLayer>> BuildCudaLayers(const config::Mode
     } else if (layer.has_conv2d()) {
       const auto& c = layer.conv2d();
       stack.push_back(cuda::MakeCudaConv2d(shape, c.out_channels(), c.kernel_size(), c.stride(),
-                                           c.padding()));
+                                           c.padding(), kernels));
     } else if (layer.has_max_pool2d()) {
       const auto& m = layer.max_pool2d();
       stack.push_back(cuda::MakeCudaMaxPool2d(shape, m.kernel_size(),

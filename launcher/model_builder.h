@@ -16,6 +16,13 @@ namespace pipesgd::launcher {
 // model.input_channels x input_height x input_width.
 layers::Shape InputShape(const config::Model& spec);
 
+// model.kernels for the CPU layers, with AUTO resolved for this build.
+layers::CpuKernels CpuKernels(const config::Model& spec);
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+// model.kernels for the CUDA layers, with AUTO resolved for this build and machine.
+cuda::GpuKernels GpuKernels(const config::Model& spec);
+#endif
+
 // The layers of the config in order, each built for the shape its predecessor outputs (no
 // activation memory yet; layers::Model allocates that). The config loader has checked that the
 // shapes chain; the layer factories check again and throw Error(kInvalidArgument).

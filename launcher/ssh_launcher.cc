@@ -367,6 +367,7 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
     // As for local workers: one BLAS thread per rank unless -x says otherwise (and results
     // then match a local run bit for bit).
     remote.env_defaults["OPENBLAS_NUM_THREADS"] = "1";
+    remote.env_defaults["OMP_NUM_THREADS"] = "1";
     remote.config_name = config_name;
     remote.config_text = config_text;
     remote.worker_args = worker_args;

@@ -553,8 +553,9 @@ int RunLocal(const RunArgs& args) {
                        {"MASTER_ADDR", args.master_addr},
                        {"MASTER_PORT", std::to_string(port)},
                        {"PIPESGD_JOB_TOKEN", token}});
-    // N workers share this machine's cores: one BLAS thread each unless the user says otherwise.
-    c.spec.env_defaults = {{"OPENBLAS_NUM_THREADS", "1"}};
+    // N workers share this machine's cores: one BLAS and one OpenMP (oneDNN) thread each unless
+    // the user says otherwise, as torchrun sets OMP_NUM_THREADS=1.
+    c.spec.env_defaults = {{"OPENBLAS_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}};
     commands.push_back(std::move(c));
   }
   PSGD_LOG_INFO("pipesgd run: starting {} workers (rendezvous {}:{})", args.num_processes,

@@ -110,11 +110,24 @@ std::unique_ptr<Layer> MakeRelu(size_t features);
 // Output (out_channels, OH, OW), OH = (H + 2*padding - kernel) / stride + 1 (floor), OW alike.
 // Parameters [W (out_channels, C_in, kernel, kernel) row-major, b (out_channels)]. Init as
 // PyTorch's default: W, b ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = C_in*kernel*kernel, W
-// first. The CPU version is im2col + sgemm per sample (Chellapilla et al. 2006).
+// first. `kernels` says which code computes it (CpuKernels below).
 // Throws Error(kInvalidArgument) naming the values for a zero size, kernel, stride or channel
-// count, or a kernel larger than the padded input.
+// count, or a kernel larger than the padded input; Error(kUnavailable) for kOneDnn in a build
+// without oneDNN.
+enum class CpuKernels {
+  // oneDNN's direct convolutions in its blocked layouts, the library PyTorch's CPU
+  // convolutions come from (Debian libdnnl-dev). Threads: OpenMP's (OMP_NUM_THREADS).
+  kOneDnn,
+  // im2col + OpenBLAS sgemm, one sample at a time (Chellapilla et al. 2006): the reference the
+  // oneDNN layer is tested against, and the fallback of builds without oneDNN.
+  kOpenBlas,
+};
+bool HaveOneDnn();                // this build has the oneDNN layers
+CpuKernels DefaultCpuKernels();  // kOneDnn where HaveOneDnn(), else kOpenBlas
+std::string ToString(CpuKernels kernels);  // "onednn", "openblas"
 std::unique_ptr<Layer> MakeConv2d(const Shape& in, size_t out_channels, size_t kernel,
-                                  size_t stride, size_t padding);
+                                  size_t stride, size_t padding,
+                                  CpuKernels kernels = DefaultCpuKernels());
 
 // Max pooling over kernel x kernel windows with the given stride, per channel, no padding
 // (PyTorch's nn.MaxPool2d(kernel, stride), floor mode): output (C, OH, OW),
@@ -123,9 +136,14 @@ std::unique_ptr<Layer> MakeConv2d(const Shape& in, size_t out_channels, size_t k
 // and a NaN wins over every number (the last NaN, if several). The gradient goes to that one
 // input, summed where windows overlap. Workspace: the argmax of every output (int32 index
 // h*W + w within its input plane). No parameters.
+// With kOneDnn (oneDNN's pooling) the same but for NaNs, which never win: a window holding
+// both a NaN and a number yields its largest number, one of NaNs only the lowest float
+// (-FLT_MAX). A diverged model still shows as a non-finite loss: its NaN weights reach the
+// loss through every layer with parameters.
 // Throws Error(kInvalidArgument) naming the values for a zero kernel or stride, or a kernel
-// larger than the input.
-std::unique_ptr<Layer> MakeMaxPool2d(const Shape& in, size_t kernel, size_t stride);
+// larger than the input; Error(kUnavailable) for kOneDnn in a build without oneDNN.
+std::unique_ptr<Layer> MakeMaxPool2d(const Shape& in, size_t kernel, size_t stride,
+                                     CpuKernels kernels = DefaultCpuKernels());
 
 // Inverted dropout (Srivastava et al. 2014; PyTorch's nn.Dropout): when training, element j of
 // global row r is kept iff UnitFloat(Hash(pass.key, r * shape.size() + j)) >= p (layers/rng.h)

@@ -1,4 +1,5 @@
-// Max pooling on the CPU, with the argmax of every output kept in the workspace for Backward.
+// Max pooling on the CPU, with the argmax of every output kept in the workspace for Backward:
+// the reference for onednn_max_pool2d.cc, and the layer of builds without oneDNN.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -14,51 +15,37 @@
 #include "core/base/error.h"
 #include "layers/layer.h"
 #include "layers/rng.h"
+#include "layers/spatial.h"
 
 namespace pipesgd::layers {
 namespace {
 
-class MaxPool2d final : public Layer {
+class MaxPool2d final : public MaxPool2dLayer {
  public:
-  MaxPool2d(const Shape& in, size_t kernel, size_t stride)
-      : in_(in),
-        kernel_(kernel),
-        stride_(stride),
-        out_{in.channels, (in.height - kernel) / stride + 1, (in.width - kernel) / stride + 1} {}
+  explicit MaxPool2d(const MaxPool2dGeometry& geom) : MaxPool2dLayer(geom) {}
 
-  std::string name() const override {
-    return fmt::format("max_pool2d({}->{}, k{} s{})", ToString(in_), ToString(out_), kernel_,
-                       stride_);
-  }
-  Shape in_shape() const override { return in_; }
-  Shape out_shape() const override { return out_; }
-  size_t num_params() const override { return 0; }
   // argmax (B, C, OH, OW) as int32: the index h*W + w within the input plane.
   size_t workspace_bytes(size_t batch) const override {
-    return batch * out_.size() * sizeof(int32_t);
-  }
-
-  void Init(std::span<float> params, Rng& rng) const override {
-    PSGD_CHECK_EQ(params.size(), size_t{0});
+    return batch * g_.out.size() * sizeof(int32_t);
   }
 
   void Forward(std::span<const float> params, const float* x, float* y,
                const Pass& pass) const override {
     PSGD_CHECK_GE(pass.workspace.size(), workspace_bytes(pass.batch));
     int32_t* argmax = reinterpret_cast<int32_t*>(pass.workspace.data());
-    const size_t planes = pass.batch * in_.channels;
-    const size_t in_plane = in_.height * in_.width, out_plane = out_.height * out_.width;
+    const size_t planes = pass.batch * g_.in.channels;
+    const size_t in_plane = g_.in.height * g_.in.width, out_plane = g_.out.height * g_.out.width;
     for (size_t pl = 0; pl < planes; pl++) {
       const float* x_pl = x + pl * in_plane;
       float* y_pl = y + pl * out_plane;
       int32_t* a_pl = argmax + pl * out_plane;
-      for (size_t i = 0; i < out_.height; i++) {
-        for (size_t j = 0; j < out_.width; j++) {
-          size_t best = i * stride_ * in_.width + j * stride_;
+      for (size_t i = 0; i < g_.out.height; i++) {
+        for (size_t j = 0; j < g_.out.width; j++) {
+          size_t best = i * g_.stride * g_.in.width + j * g_.stride;
           float best_value = x_pl[best];
-          for (size_t p = 0; p < kernel_; p++) {
-            const size_t row = (i * stride_ + p) * in_.width + j * stride_;
-            for (size_t q = 0; q < kernel_; q++) {
+          for (size_t p = 0; p < g_.kernel; p++) {
+            const size_t row = (i * g_.stride + p) * g_.in.width + j * g_.stride;
+            for (size_t q = 0; q < g_.kernel; q++) {
               const float v = x_pl[row + q];
               // PyTorch's CPU rule: a value replaces the running max iff it is greater or NaN,
               // so the first of equal maxima wins and a NaN propagates.
@@ -68,8 +55,8 @@ class MaxPool2d final : public Layer {
               }
             }
           }
-          y_pl[i * out_.width + j] = best_value;
-          a_pl[i * out_.width + j] = static_cast<int32_t>(best);
+          y_pl[i * g_.out.width + j] = best_value;
+          a_pl[i * g_.out.width + j] = static_cast<int32_t>(best);
         }
       }
     }
@@ -81,8 +68,8 @@ class MaxPool2d final : public Layer {
     if (dx == nullptr) return;
     PSGD_CHECK_GE(pass.workspace.size(), workspace_bytes(pass.batch));
     const int32_t* argmax = reinterpret_cast<const int32_t*>(pass.workspace.data());
-    const size_t planes = pass.batch * in_.channels;
-    const size_t in_plane = in_.height * in_.width, out_plane = out_.height * out_.width;
+    const size_t planes = pass.batch * g_.in.channels;
+    const size_t in_plane = g_.in.height * g_.in.width, out_plane = g_.out.height * g_.out.width;
     std::memset(dx, 0, planes * in_plane * sizeof(float));
     for (size_t pl = 0; pl < planes; pl++) {
       float* dx_pl = dx + pl * in_plane;
@@ -92,17 +79,17 @@ class MaxPool2d final : public Layer {
       for (size_t k = 0; k < out_plane; k++) dx_pl[a_pl[k]] += dy_pl[k];
     }
   }
-
- private:
-  Shape in_;
-  size_t kernel_;
-  size_t stride_;
-  Shape out_;
 };
 
 }  // namespace
 
-std::unique_ptr<Layer> MakeMaxPool2d(const Shape& in, size_t kernel, size_t stride) {
+#ifdef PIPESGD_HAVE_ONEDNN
+// layers/onednn_max_pool2d.cc; takes the arguments MakeMaxPool2d has checked.
+std::unique_ptr<Layer> MakeOneDnnMaxPool2d(const Shape& in, size_t kernel, size_t stride);
+#endif
+
+std::unique_ptr<Layer> MakeMaxPool2d(const Shape& in, size_t kernel, size_t stride,
+                                     CpuKernels kernels) {
   if (in.size() == 0 || kernel == 0 || stride == 0) {
     Throw(ErrorCode::kInvalidArgument,
           "max_pool2d on input {} with kernel {}, stride {}: expected every one of them >= 1",
@@ -114,7 +101,17 @@ std::unique_ptr<Layer> MakeMaxPool2d(const Shape& in, size_t kernel, size_t stri
           "kernel <= {}",
           kernel, ToString(in), in.height, in.width, std::min(in.height, in.width));
   }
-  return std::make_unique<MaxPool2d>(in, kernel, stride);
+  if (kernels == CpuKernels::kOneDnn) {
+#ifdef PIPESGD_HAVE_ONEDNN
+    return MakeOneDnnMaxPool2d(in, kernel, stride);
+#else
+    Throw(ErrorCode::kUnavailable,
+          "max_pool2d on {}: this build has no oneDNN (install libdnnl-dev and configure "
+          "again), expected the openblas kernels",
+          ToString(in));
+#endif
+  }
+  return std::make_unique<MaxPool2d>(MaxPool2dGeometry(in, kernel, stride));
 }
 
 }  // namespace pipesgd::layers

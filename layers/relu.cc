@@ -39,8 +39,13 @@ class Relu final : public Layer {
     PSGD_CHECK_EQ(grads.size(), size_t{0});
     if (dx == nullptr) return;  // nothing to learn here, and nobody wants the input gradient
     const size_t n = pass.batch * features_;  // x, dy, dx (B, features)
-    // Subgradient 0 at exactly x == 0, as PyTorch does.
-    for (size_t i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+    // Subgradient 0 at exactly x == 0, as PyTorch does. dy is read unconditionally so that the
+    // compiler can make this a vector select (a conditional load it will not vectorise; the
+    // loop then took a fifth of a CNN step).
+    for (size_t i = 0; i < n; i++) {
+      const float g = dy[i];
+      dx[i] = x[i] > 0.0f ? g : 0.0f;
+    }
   }
 
  private:

@@ -18,8 +18,11 @@ tar -C "$B" -xJf "$BUNDLE"
 CUBLAS=$(ls /usr/local/cuda*/lib64/libcublas.so.13* /usr/local/cuda*/targets/x86_64-linux/lib/libcublas.so.13* \
   /usr/lib/x86_64-linux-gnu/libcublas.so.13* 2>/dev/null | head -1)
 echo "cuBLAS: ${CUBLAS:-not found (set LD_LIBRARY_PATH to its directory)}"
+CUDNN=$(ls /usr/local/cuda*/lib64/libcudnn.so.9* /usr/local/cuda*/lib/libcudnn.so.9* \
+  /usr/lib/x86_64-linux-gnu/libcudnn.so.9* 2>/dev/null | head -1)
+echo "cuDNN: ${CUDNN:-not found (the GPU convolutions fall back to cuBLAS)}"
 export UCX_MODULE_DIR=$B/lib/ucx
-pg() { LD_LIBRARY_PATH="$B/lib${CUBLAS:+:$(dirname "$CUBLAS")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+pg() { LD_LIBRARY_PATH="$B/lib${CUBLAS:+:$(dirname "$CUBLAS")}${CUDNN:+:$(dirname "$CUDNN")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
 declare -A RC
 run() { local name=$1; shift; step "$name"; "$@"; RC[$name]=$?; echo "--- $name rc=${RC[$name]}"; }
 step machine
@@ -43,9 +46,16 @@ run mlp4_trunc16 pg timeout 300 "$P" run -np 4 configs/fashion_mnist_mlp.pbtxt "
 run mlp4_ucx pg timeout 300 "$P" run -np 4 configs/fashion_mnist_mlp.pbtxt "${D[@]}" "${G[@]}" \
   --transport ucx --set train.epochs=1
 step "training step, one worker, samples/s"
+if ! torch_why=$(python3 -c "import torch; assert torch.cuda.is_available(), 'torch.cuda.is_available() is False'" 2>&1); then
+  echo "PyTorch on the GPU: not run here: $(echo "$torch_why" | tail -1)"
+fi
 for c in mlp cnn; do for b in 16 64 256; do
   pg timeout 120 "$B/bin/pipesgd_train_bench" "configs/fashion_mnist_$c.pbtxt" --batch $b \
     --device cuda --steps 200 --repeats 3 | tee -a "$OUT/speed.jsonl"
+  # The CNN on both GPU convolutions: cuDNN (AUTO where it loads) and im2col + cuBLAS.
+  [[ $c == cnn ]] && pg timeout 120 "$B/bin/pipesgd_train_bench" "configs/fashion_mnist_$c.pbtxt" \
+    --batch $b --device cuda --steps 200 --repeats 3 --set model.kernels=CUBLAS \
+    --set model.device=CUDA | tee -a "$OUT/speed.jsonl"
   if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     timeout 300 python3 bench/torch_train_throughput.py "$B/jobs/fashion_mnist_$c.json" \
       --batch $b --device cuda --steps 200 --repeats 3 | tee -a "$OUT/speed.jsonl"

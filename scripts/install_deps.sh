@@ -11,6 +11,8 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler
   libboost-dev
   libopenblas-dev
+  # oneDNN: the CPU convolutions and pooling (layers/onednn_*.cc; optional at build time)
+  libdnnl-dev
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   zlib1g-dev
   # libcrypto: HMAC-SHA256 proofs of the job token (transport/auth.h)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The minimal build: TCP + CPU only (no CUDA, UCX, ibverbs, no launcher), configured in
+# The minimal build: TCP + CPU only (no CUDA, UCX, ibverbs, oneDNN, no launcher), configured in
 # build-minimal, and its whole test suite. Needs a C++20 compiler, CMake, Boost.Asio (headers),
 # protobuf, spdlog/fmt, zlib, OpenBLAS (the CPU layers) and GoogleTest (tests only).
 #   scripts/minimal_build.sh [-j N]        Release (-O3), every library and test, whole suite
@@ -25,7 +25,7 @@ start=$SECONDS
 opt="-O3 -DNDEBUG"
 [[ $mode == ci ]] && opt="-O1 -DNDEBUG"
 cmake -S . -B build-minimal -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="$opt" \
-  -DPIPESGD_WITH_UCX=OFF -DPIPESGD_WITH_IBVERBS=OFF -DPIPESGD_CUDA=OFF \
+  -DPIPESGD_WITH_UCX=OFF -DPIPESGD_WITH_IBVERBS=OFF -DPIPESGD_WITH_ONEDNN=OFF -DPIPESGD_CUDA=OFF \
   -DPIPESGD_BUILD_LAYERS=ON -DPIPESGD_BUILD_LAUNCHER=OFF -DPIPESGD_BUILD_TESTS=ON > /dev/null
 if [[ $mode == full ]]; then
   cmake --build build-minimal -j "$jobs"

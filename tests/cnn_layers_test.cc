@@ -122,6 +122,34 @@ std::string ErrorOf(auto make) {
   return "";
 }
 
+// The convolution and pooling tests run on every CPU implementation this build has: the
+// im2col + OpenBLAS reference and, where built, oneDNN.
+std::vector<CpuKernels> BuiltKernels() {
+  std::vector<CpuKernels> kernels = {CpuKernels::kOpenBlas};
+  if (HaveOneDnn()) kernels.push_back(CpuKernels::kOneDnn);
+  return kernels;
+}
+std::string KernelsName(const ::testing::TestParamInfo<CpuKernels>& info) {
+  return ToString(info.param);
+}
+
+class Conv2dTest : public ::testing::TestWithParam<CpuKernels> {
+ protected:
+  std::unique_ptr<Layer> Conv(const Shape& in, size_t oc, size_t k, size_t s, size_t p) {
+    return MakeConv2d(in, oc, k, s, p, GetParam());
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Kernels, Conv2dTest, ::testing::ValuesIn(BuiltKernels()), KernelsName);
+
+class MaxPool2dTest : public ::testing::TestWithParam<CpuKernels> {
+ protected:
+  std::unique_ptr<Layer> Pool(const Shape& in, size_t k, size_t s) {
+    return MakeMaxPool2d(in, k, s, GetParam());
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Kernels, MaxPool2dTest, ::testing::ValuesIn(BuiltKernels()),
+                         KernelsName);
+
 // ---------------------------------------------------------------------------------------------
 // Conv2d
 
@@ -132,19 +160,19 @@ const std::vector<float> kTwoFilters = {1, 1, 1, 1, 1, 1, 1, 1, 1,  // W[0]
                                         0, 0, 0, 0, 1, 0, 0, 0, 0,  // W[1]
                                         0, -1};                     // b
 
-TEST(Conv2dTest, ShapesNameAndSizes) {
-  auto conv = MakeConv2d({1, 28, 28}, 32, 5, 1, 2);
+TEST_P(Conv2dTest, ShapesNameAndSizes) {
+  auto conv = Conv({1, 28, 28}, 32, 5, 1, 2);
   EXPECT_EQ(conv->out_shape(), (Shape{32, 28, 28}));
   EXPECT_EQ(conv->num_params(), 32u * 25 + 32);
   EXPECT_EQ(conv->name(), "conv2d(1x28x28->32x28x28, k5 s1 p2)");
   // floor((7 + 2 - 3) / 2) + 1 = 4 and floor((6 + 2 - 3) / 2) + 1 = 3
-  auto odd = MakeConv2d({2, 7, 6}, 3, 3, 2, 1);
+  auto odd = Conv({2, 7, 6}, 3, 3, 2, 1);
   EXPECT_EQ(odd->out_shape(), (Shape{3, 4, 3}));
   EXPECT_EQ(odd->num_params(), 3u * 2 * 9 + 3);
 }
 
-TEST(Conv2dTest, ForwardOfAKnown4x4Input) {
-  auto conv = MakeConv2d({1, 4, 4}, 2, 3, 2, 1);
+TEST_P(Conv2dTest, ForwardOfAKnown4x4Input) {
+  auto conv = Conv({1, 4, 4}, 2, 3, 2, 1);
   ASSERT_EQ(conv->out_shape(), (Shape{2, 2, 2}));
   Runner run(*conv, 1);
   const std::vector<float> y = run.Forward(kTwoFilters, kRamp);
@@ -155,8 +183,8 @@ TEST(Conv2dTest, ForwardOfAKnown4x4Input) {
   EXPECT_EQ(y, (std::vector<float>{14, 30, 57, 99, 0, 2, 8, 10}));
 }
 
-TEST(Conv2dTest, BackwardOfAKnown4x4Input) {
-  auto conv = MakeConv2d({1, 4, 4}, 2, 3, 2, 1);
+TEST_P(Conv2dTest, BackwardOfAKnown4x4Input) {
+  auto conv = Conv({1, 4, 4}, 2, 3, 2, 1);
   Runner run(*conv, 1);
   const std::vector<float> y = run.Forward(kTwoFilters, kRamp);
   // dy = 1 on the summing channel, 0 on the centre channel.
@@ -215,14 +243,14 @@ std::vector<double> DirectConv(const Shape& in, size_t oc, size_t k, size_t s, s
   return y;
 }
 
-TEST(Conv2dTest, ForwardMatchesTheDefinition) {
+TEST_P(Conv2dTest, ForwardMatchesTheDefinition) {
   struct Case {
     Shape in;
     size_t oc, k, s, p;
   };
   for (const Case& c : {Case{{2, 7, 6}, 3, 3, 2, 1}, Case{{3, 5, 5}, 4, 5, 1, 2},
                         Case{{1, 9, 4}, 2, 2, 3, 0}, Case{{2, 3, 3}, 1, 3, 1, 0}}) {
-    auto conv = MakeConv2d(c.in, c.oc, c.k, c.s, c.p);
+    auto conv = Conv(c.in, c.oc, c.k, c.s, c.p);
     const std::vector<float> params = InitParams(*conv, 3);
     constexpr size_t kBatch = 3;
     const std::vector<float> x = RandomVector(kBatch * c.in.size(), 4);
@@ -237,17 +265,17 @@ TEST(Conv2dTest, ForwardMatchesTheDefinition) {
   }
 }
 
-TEST(Conv2dTest, GradientMatchesFiniteDifferences) {
+TEST_P(Conv2dTest, GradientMatchesFiniteDifferences) {
   // Stride 2 with padding (uneven coverage, padding dropped in col2im) and stride 1 with more
   // channels; batch 2 so that dW sums over samples.
-  auto a = MakeConv2d({2, 5, 4}, 3, 3, 2, 1);
+  auto a = Conv({2, 5, 4}, 3, 3, 2, 1);
   CheckGradients(*a, InitParams(*a, 5), RandomVector(2 * a->in_features(), 6), 2, 7);
-  auto b = MakeConv2d({3, 4, 4}, 2, 2, 1, 0);
+  auto b = Conv({3, 4, 4}, 2, 2, 1, 0);
   CheckGradients(*b, InitParams(*b, 8), RandomVector(2 * b->in_features(), 9), 2, 10);
 }
 
-TEST(Conv2dTest, BackwardOverwritesAndSkipsDxForTheFirstLayer) {
-  auto conv = MakeConv2d({2, 5, 5}, 3, 3, 1, 1);
+TEST_P(Conv2dTest, BackwardOverwritesAndSkipsDxForTheFirstLayer) {
+  auto conv = Conv({2, 5, 5}, 3, 3, 1, 1);
   const std::vector<float> params = InitParams(*conv, 11);
   const std::vector<float> x = RandomVector(2 * conv->in_features(), 12);
   Runner run(*conv, 2);
@@ -261,8 +289,8 @@ TEST(Conv2dTest, BackwardOverwritesAndSkipsDxForTheFirstLayer) {
   EXPECT_EQ(again, grads);
 }
 
-TEST(Conv2dTest, InitIsPyTorchsDefaultBoundInRngOrder) {
-  auto conv = MakeConv2d({4, 8, 8}, 6, 3, 1, 1);
+TEST_P(Conv2dTest, InitIsPyTorchsDefaultBoundInRngOrder) {
+  auto conv = Conv({4, 8, 8}, 6, 3, 1, 1);
   const std::vector<float> params = InitParams(*conv, 21);
   const float bound = 1.0f / std::sqrt(4.0f * 9.0f);  // 1/6
   Rng rng(21);
@@ -273,24 +301,24 @@ TEST(Conv2dTest, InitIsPyTorchsDefaultBoundInRngOrder) {
   EXPECT_GT(*std::max_element(params.begin(), params.end()), 0.12f);
 }
 
-TEST(Conv2dTest, RejectsKernelsLargerThanThePaddedInput) {
-  const std::string message = ErrorOf([] { MakeConv2d({1, 3, 5}, 4, 6, 1, 1); });
+TEST_P(Conv2dTest, RejectsKernelsLargerThanThePaddedInput) {
+  const std::string message = ErrorOf([&] { Conv({1, 3, 5}, 4, 6, 1, 1); });
   EXPECT_THAT(message, HasSubstr("kernel 6"));
   EXPECT_THAT(message, HasSubstr("5x7"));  // padded
   EXPECT_THAT(message, HasSubstr("1x3x5"));
   EXPECT_THAT(message, HasSubstr("expected kernel <= 5"));
   // 5 fits 3 + 2*1 exactly.
-  EXPECT_EQ(MakeConv2d({1, 3, 5}, 4, 5, 1, 1)->out_shape(), (Shape{4, 1, 3}));
-  EXPECT_THAT(ErrorOf([] { MakeConv2d({1, 8, 8}, 4, 3, 0, 1); }), HasSubstr("stride 0"));
-  EXPECT_THAT(ErrorOf([] { MakeConv2d({1, 8, 8}, 0, 3, 1, 1); }), HasSubstr("out_channels 0"));
-  EXPECT_THAT(ErrorOf([] { MakeConv2d({1, 8, 8}, 2, 0, 1, 1); }), HasSubstr("kernel 0"));
+  EXPECT_EQ(Conv({1, 3, 5}, 4, 5, 1, 1)->out_shape(), (Shape{4, 1, 3}));
+  EXPECT_THAT(ErrorOf([&] { Conv({1, 8, 8}, 4, 3, 0, 1); }), HasSubstr("stride 0"));
+  EXPECT_THAT(ErrorOf([&] { Conv({1, 8, 8}, 0, 3, 1, 1); }), HasSubstr("out_channels 0"));
+  EXPECT_THAT(ErrorOf([&] { Conv({1, 8, 8}, 2, 0, 1, 1); }), HasSubstr("kernel 0"));
 }
 
 // ---------------------------------------------------------------------------------------------
 // MaxPool2d
 
-TEST(MaxPool2dTest, ForwardBackwardWithTiesToTheFirst) {
-  auto pool = MakeMaxPool2d({1, 4, 4}, 2, 2);
+TEST_P(MaxPool2dTest, ForwardBackwardWithTiesToTheFirst) {
+  auto pool = Pool({1, 4, 4}, 2, 2);
   EXPECT_EQ(pool->out_shape(), (Shape{1, 2, 2}));
   EXPECT_EQ(pool->name(), "max_pool2d(1x4x4->1x2x2, k2 s2)");
   EXPECT_EQ(pool->num_params(), 0u);
@@ -309,10 +337,10 @@ TEST(MaxPool2dTest, ForwardBackwardWithTiesToTheFirst) {
                                     0, 0, 0, 0}));
 }
 
-TEST(MaxPool2dTest, OverlappingWindowsSumTheirGradients) {
+TEST_P(MaxPool2dTest, OverlappingWindowsSumTheirGradients) {
   // Kernel 2, stride 1 over a (2, 2, 3) input: the centre column's maximum wins both windows of
   // its row pair in channel 0; channel 1 is separate.
-  auto pool = MakeMaxPool2d({2, 2, 3}, 2, 1);
+  auto pool = Pool({2, 2, 3}, 2, 1);
   ASSERT_EQ(pool->out_shape(), (Shape{2, 1, 2}));
   const std::vector<float> x = {0, 9, 0,  //
                                 1, 2, 3,  // channel 0: 9 wins both windows
@@ -326,25 +354,37 @@ TEST(MaxPool2dTest, OverlappingWindowsSumTheirGradients) {
   EXPECT_EQ(dx, (std::vector<float>{0, 3.75f, 0, 0, 0, 0, 3, 0, 0, 0, 0, 4}));
 }
 
-TEST(MaxPool2dTest, NaNWinsItsWindow) {
-  auto pool = MakeMaxPool2d({1, 2, 4}, 2, 2);
+TEST_P(MaxPool2dTest, NaNWinsItsWindowButNotOnOneDnn) {
+  auto pool = Pool({1, 2, 4}, 2, 2);
   const std::vector<float> x = {1, kNaN, 1, 2, 5, 3, 3, 1};
   Runner run(*pool, 1);
   const std::vector<float> y = run.Forward({}, x);
-  EXPECT_TRUE(std::isnan(y[0]));
+  if (GetParam() == CpuKernels::kOneDnn) {
+    EXPECT_EQ(y[0], 5);  // layer.h: the NaN loses to the window's largest number
+  } else {
+    EXPECT_TRUE(std::isnan(y[0]));
+  }
   EXPECT_EQ(y[1], 3);
+  // A window of NaNs only: NaN on the reference, the lowest float on oneDNN (its starting max).
+  const std::vector<float> all_nan = {kNaN, kNaN, 1, 2, kNaN, kNaN, 3, 1};
+  const float y_all_nan = run.Forward({}, all_nan)[0];
+  if (GetParam() == CpuKernels::kOneDnn) {
+    EXPECT_EQ(y_all_nan, std::numeric_limits<float>::lowest());
+  } else {
+    EXPECT_TRUE(std::isnan(y_all_nan));
+  }
 }
 
-TEST(MaxPool2dTest, FloorModeDropsTheRemainder) {
-  auto pool = MakeMaxPool2d({3, 7, 5}, 2, 2);
+TEST_P(MaxPool2dTest, FloorModeDropsTheRemainder) {
+  auto pool = Pool({3, 7, 5}, 2, 2);
   EXPECT_EQ(pool->out_shape(), (Shape{3, 3, 2}));
-  auto pool3 = MakeMaxPool2d({1, 7, 7}, 3, 2);
+  auto pool3 = Pool({1, 7, 7}, 3, 2);
   EXPECT_EQ(pool3->out_shape(), (Shape{1, 3, 3}));
 }
 
-TEST(MaxPool2dTest, GradientMatchesFiniteDifferences) {
+TEST_P(MaxPool2dTest, GradientMatchesFiniteDifferences) {
   // Distinct values at least 0.05 apart, so no +-eps step changes a window's argmax.
-  auto pool = MakeMaxPool2d({2, 5, 6}, 3, 2);
+  auto pool = Pool({2, 5, 6}, 3, 2);
   const size_t n = 2 * pool->in_features();
   std::vector<float> x(n);
   Rng rng(31);
@@ -353,12 +393,128 @@ TEST(MaxPool2dTest, GradientMatchesFiniteDifferences) {
   CheckGradients(*pool, {}, x, 2, 32);
 }
 
-TEST(MaxPool2dTest, RejectsAKernelLargerThanItsInput) {
-  const std::string message = ErrorOf([] { MakeMaxPool2d({8, 3, 9}, 4, 4); });
+TEST_P(MaxPool2dTest, RejectsAKernelLargerThanItsInput) {
+  const std::string message = ErrorOf([&] { Pool({8, 3, 9}, 4, 4); });
   EXPECT_THAT(message, HasSubstr("kernel 4"));
   EXPECT_THAT(message, HasSubstr("8x3x9"));
   EXPECT_THAT(message, HasSubstr("expected kernel <= 3"));
-  EXPECT_THAT(ErrorOf([] { MakeMaxPool2d({1, 4, 4}, 2, 0); }), HasSubstr("stride 0"));
+  EXPECT_THAT(ErrorOf([&] { Pool({1, 4, 4}, 2, 0); }), HasSubstr("stride 0"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// oneDNN against the reference, at the shapes of configs/fashion_mnist_cnn.pbtxt and odd ones
+
+// The largest |a - b| over the tensor, relative to the reference's largest magnitude: the two
+// sum the same products in different orders, so they differ by float rounding of sums whose
+// size is the tensor's scale, not the element's (an element near 0 may be a cancellation).
+double ScaledMaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); i++) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale == 0 ? diff : diff / scale;
+}
+
+struct ConvCase {
+  Shape in;
+  size_t oc, k, s, p, batch;
+};
+
+TEST(OneDnnTest, ConvolutionMatchesTheReferenceForwardAndBackward) {
+  if (!HaveOneDnn()) GTEST_SKIP() << "this build has no oneDNN";
+  for (const ConvCase& c : {ConvCase{{1, 28, 28}, 16, 5, 1, 2, 64},
+                            ConvCase{{16, 14, 14}, 32, 5, 1, 2, 64},
+                            ConvCase{{16, 14, 14}, 32, 5, 1, 2, 7},
+                            ConvCase{{3, 11, 9}, 5, 3, 2, 1, 3},
+                            ConvCase{{2, 9, 4}, 2, 2, 3, 0, 2}}) {
+    auto ref = MakeConv2d(c.in, c.oc, c.k, c.s, c.p, CpuKernels::kOpenBlas);
+    auto dnn = MakeConv2d(c.in, c.oc, c.k, c.s, c.p, CpuKernels::kOneDnn);
+    ASSERT_EQ(dnn->name(), ref->name());
+    ASSERT_EQ(dnn->num_params(), ref->num_params());
+    const std::vector<float> params = InitParams(*ref, 71);
+    const std::vector<float> x = RandomVector(c.batch * c.in.size(), 72);
+    Runner run_ref(*ref, c.batch), run_dnn(*dnn, c.batch);
+    const std::vector<float> y_ref = run_ref.Forward(params, x), y_dnn = run_dnn.Forward(params, x);
+    const std::vector<float> dy = RandomVector(y_ref.size(), 73);
+    std::vector<float> g_ref, g_dnn;
+    const std::vector<float> dx_ref = run_ref.Backward(params, x, y_ref, dy, g_ref);
+    const std::vector<float> dx_dnn = run_dnn.Backward(params, x, y_dnn, dy, g_dnn);
+    const double y_err = ScaledMaxDiff(y_dnn, y_ref), g_err = ScaledMaxDiff(g_dnn, g_ref),
+                 dx_err = ScaledMaxDiff(dx_dnn, dx_ref);
+    std::printf("%s batch %zu: y %.2g, grads %.2g, dx %.2g (max |diff| / max |reference|)\n",
+                ref->name().c_str(), c.batch, y_err, g_err, dx_err);
+    EXPECT_LT(y_err, 1e-5) << ref->name();
+    EXPECT_LT(g_err, 1e-5) << ref->name();
+    EXPECT_LT(dx_err, 1e-5) << ref->name();
+  }
+}
+
+TEST(OneDnnTest, ConvolutionIsBitwiseRepeatable) {
+  // The same inputs give the same bits, call after call and layer after layer (a fresh plan),
+  // so a run is reproducible for a given build and thread count.
+  if (!HaveOneDnn()) GTEST_SKIP() << "this build has no oneDNN";
+  const Shape in{16, 14, 14};
+  auto a = MakeConv2d(in, 32, 5, 1, 2, CpuKernels::kOneDnn);
+  auto b = MakeConv2d(in, 32, 5, 1, 2, CpuKernels::kOneDnn);
+  const std::vector<float> params = InitParams(*a, 81);
+  const std::vector<float> x = RandomVector(64 * in.size(), 82);
+  Runner run_a(*a, 64), run_b(*b, 64);
+  const std::vector<float> y1 = run_a.Forward(params, x);
+  const std::vector<float> dy = RandomVector(y1.size(), 83);
+  std::vector<float> g1, g2, g3;
+  const std::vector<float> dx1 = run_a.Backward(params, x, y1, dy, g1);
+  const std::vector<float> y2 = run_a.Forward(params, x);
+  const std::vector<float> dx2 = run_a.Backward(params, x, y2, dy, g2);
+  const std::vector<float> y3 = run_b.Forward(params, x);
+  const std::vector<float> dx3 = run_b.Backward(params, x, y3, dy, g3);
+  EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(g1.data(), g3.data(), g1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(dx1.data(), dx2.data(), dx1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(dx1.data(), dx3.data(), dx1.size() * 4), 0);
+}
+
+TEST(OneDnnTest, PoolingEqualsTheReferenceBitwise) {
+  // Selecting a maximum is exact, and so is routing its gradient (windows that do not overlap
+  // add nothing; overlapping ones add at most kernel^2 terms, here in the same order).
+  if (!HaveOneDnn()) GTEST_SKIP() << "this build has no oneDNN";
+  struct Case {
+    Shape in;
+    size_t k, s, batch;
+  };
+  for (const Case& c : {Case{{16, 28, 28}, 2, 2, 64}, Case{{32, 14, 14}, 2, 2, 5},
+                        Case{{3, 7, 5}, 2, 2, 2}, Case{{2, 9, 9}, 3, 2, 3}}) {
+    auto ref = MakeMaxPool2d(c.in, c.k, c.s, CpuKernels::kOpenBlas);
+    auto dnn = MakeMaxPool2d(c.in, c.k, c.s, CpuKernels::kOneDnn);
+    // Ties in every few windows: values on a coarse grid.
+    std::vector<float> x = RandomVector(c.batch * c.in.size(), 91);
+    for (float& v : x) v = std::round(v * 4) / 4;
+    Runner run_ref(*ref, c.batch), run_dnn(*dnn, c.batch);
+    const std::vector<float> y_ref = run_ref.Forward({}, x), y_dnn = run_dnn.Forward({}, x);
+    EXPECT_EQ(y_dnn, y_ref) << ref->name();
+    const std::vector<float> dy = RandomVector(y_ref.size(), 92);
+    std::vector<float> unused;
+    const std::vector<float> dx_ref = run_ref.Backward({}, x, y_ref, dy, unused);
+    EXPECT_EQ(run_dnn.Backward({}, x, y_dnn, dy, unused), dx_ref) << ref->name();
+  }
+}
+
+TEST(OneDnnTest, UnavailableKernelsAreAClearError) {
+  if (HaveOneDnn()) {
+    EXPECT_EQ(DefaultCpuKernels(), CpuKernels::kOneDnn);
+    return;
+  }
+  EXPECT_EQ(DefaultCpuKernels(), CpuKernels::kOpenBlas);
+  try {
+    MakeConv2d({1, 8, 8}, 2, 3, 1, 1, CpuKernels::kOneDnn);
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    EXPECT_THAT(e.what(), HasSubstr("no oneDNN"));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 
 #include "core/base/error.h"
 #include "launcher/worker.h"
+#include "layers/layer.h"
 
 namespace pipesgd::launcher {
 namespace {
@@ -693,6 +694,33 @@ TEST_F(ConfigTest, ModelDeviceAndGpuIndex) {
 #else
   EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.device=CUDA"}),
               HasSubstr("model.device = CUDA: this pipesgd was built without the CUDA backend"));
+#endif
+}
+
+// model.kernels: AUTO by default, the CPU libraries only with the CPU, the GPU ones only with
+// CUDA, and a library the build lacks named as such.
+TEST_F(ConfigTest, ModelKernelsMatchTheDevice) {
+  EXPECT_EQ(LoadJobConfig(Write(kModel), {}).model().kernels(), config::Model::AUTO);
+  EXPECT_EQ(LoadJobConfig(Write(kModel), {"model.kernels=openblas"}).model().kernels(),
+            config::Model::OPENBLAS);
+  EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.kernels=CUBLAS"}),
+              HasSubstr("model.kernels = CUBLAS: a GPU library, but model.device is CPU; "
+                        "expected ONEDNN, OPENBLAS or AUTO"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.kernels=CUDNN"}),
+              HasSubstr("model.kernels = CUDNN: a GPU library"));
+  EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.kernels=fast"}),
+              HasSubstr("model.kernels"));
+  if (layers::HaveOneDnn()) {
+    EXPECT_NO_THROW(LoadJobConfig(Write(kModel), {"model.kernels=ONEDNN"}));
+  } else {
+    EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.kernels=ONEDNN"}),
+                HasSubstr("model.kernels = ONEDNN: this pipesgd was built without oneDNN"));
+  }
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  EXPECT_THAT(InvalidMessage(std::string(kModel), {"model.device=CUDA", "model.kernels=ONEDNN"}),
+              HasSubstr("model.kernels = ONEDNN: a CPU library, but model.device is CUDA; "
+                        "expected CUDNN, CUBLAS or AUTO"));
+  EXPECT_NO_THROW(LoadJobConfig(Write(kModel), {"model.device=CUDA", "model.kernels=CUBLAS"}));
 #endif
 }
 

@@ -3,28 +3,36 @@
 // elementwise float operations), and one whole training step on the GPU against the CPU step.
 // Skips with a message where there is no CUDA device (as on the machine this was written on:
 // these tests have NOT been run there).
+#include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "core/base/error.h"
 #include "layers/cuda/cublas_loader.h"
 #include "layers/cuda/cuda_model.h"
+#ifdef PIPESGD_HAVE_CUDNN
+#include "layers/cuda/cudnn_loader.h"
+#endif
 #include "layers/cuda/device.h"
 #include "layers/layer.h"
 #include "layers/model.h"
 #include "layers/rng.h"
-#include <span>
 #include "layers/sgd.h"
 #include "tests/support/cuda_skip.h"
 
 namespace pipesgd {
 namespace {
 
+using ::testing::HasSubstr;
 using cuda::Context;
 using cuda::DeviceBuffer;
 
@@ -127,20 +135,78 @@ TEST(CudaLayers, ReluMatchesCpu) {
 // The convolutional layers of issue 8 against their CPU versions: odd sizes, stride and padding
 // that leave partial windows, overlapping pooling windows (stride < kernel), dropout with the
 // same key and global rows (bitwise the same mask), flatten.
+// The CPU side is the im2col + OpenBLAS reference, whose NaN rule the CUDA pooling shares.
+constexpr layers::CpuKernels kReference = layers::CpuKernels::kOpenBlas;
+
+// Both GPU convolutions (cuBLAS im2col and, where built, cuDNN), including the CNN config's
+// second layer at batch 64 and 256.
 TEST(CudaLayers, Conv2dMatchesCpu) {
   PSGD_REQUIRE_CUDA_DEVICE();
-  const layers::Shape in{3, 11, 9};
-  CompareLayer(*layers::MakeConv2d(in, 5, 3, 2, 1), *cuda::MakeCudaConv2d(in, 5, 3, 2, 1), 4, 11);
-  const layers::Shape mnist{1, 28, 28};
-  CompareLayer(*layers::MakeConv2d(mnist, 32, 5, 1, 2), *cuda::MakeCudaConv2d(mnist, 32, 5, 1, 2),
-               8, 12);
+  std::vector<cuda::GpuKernels> kinds = {cuda::GpuKernels::kCublas};
+  std::string why_not;
+  if (cuda::CudnnUsable(&why_not)) {
+    kinds.push_back(cuda::GpuKernels::kCudnn);
+  } else {
+    std::printf("cuDNN not usable here (%s): only the cuBLAS convolution is compared\n",
+                why_not.c_str());
+  }
+  for (const cuda::GpuKernels kind : kinds) {
+    SCOPED_TRACE(cuda::ToString(kind));
+    const layers::Shape in{3, 11, 9};
+    CompareLayer(*layers::MakeConv2d(in, 5, 3, 2, 1, kReference),
+                 *cuda::MakeCudaConv2d(in, 5, 3, 2, 1, kind), 4, 11);
+    const layers::Shape mnist{1, 28, 28};
+    CompareLayer(*layers::MakeConv2d(mnist, 32, 5, 1, 2, kReference),
+                 *cuda::MakeCudaConv2d(mnist, 32, 5, 1, 2, kind), 8, 12);
+    const layers::Shape second{16, 14, 14};
+    for (const size_t batch : {64, 256}) {
+      CompareLayer(*layers::MakeConv2d(second, 32, 5, 1, 2, kReference),
+                   *cuda::MakeCudaConv2d(second, 32, 5, 1, 2, kind), batch, 13);
+    }
+  }
+}
+
+// What runs without a GPU: where the build has cuDNN's headers, the library named by them
+// loads (it ships with the toolkit) and reports their major version, and a cuDNN layer is
+// built without touching a device (its descriptors wait for the first step).
+TEST(CudaLayers, CudnnLoadsWithoutADevice) {
+#ifdef PIPESGD_HAVE_CUDNN
+  std::string why_not;
+  ASSERT_TRUE(cuda::CudnnUsable(&why_not)) << why_not;
+  EXPECT_EQ(cuda::DefaultGpuKernels(), cuda::GpuKernels::kCudnn);
+  EXPECT_EQ(cuda::Cudnn().get_version() / 10000, static_cast<size_t>(CUDNN_MAJOR));
+  EXPECT_THAT(cuda::GpuKernelsDescription(),
+              ::testing::StartsWith(fmt::format("cudnn (cuDNN {}.", CUDNN_MAJOR)));
+  auto conv = cuda::MakeCudaConv2d({16, 14, 14}, 32, 5, 1, 2, cuda::GpuKernels::kCudnn);
+  EXPECT_EQ(conv->name(), "conv2d(16x14x14->32x14x14, k5 s1 p2)");
+  EXPECT_EQ(conv->num_params(), 32u * 16 * 25 + 32);
+  // The im2col path's bound: columns (B, C*K*K, OH*OW) and the bias partial sums (B, OC).
+  EXPECT_EQ(conv->workspace_bytes(2), (2u * 400 * 196 + 2 * 32) * sizeof(float));
+  // A failing status names the call, the device and cuDNN's text.
+  try {
+    const int device = 0;
+    PSGD_CUDNN(CUDNN_STATUS_BAD_PARAM);
+    ADD_FAILURE() << "CUDNN_STATUS_BAD_PARAM accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+    EXPECT_THAT(e.what(), HasSubstr("cuDNN call CUDNN_STATUS_BAD_PARAM failed on device 0"));
+    EXPECT_THAT(e.what(), HasSubstr("BAD_PARAM"));
+  }
+#else
+  std::string why_not;
+  EXPECT_FALSE(cuda::CudnnUsable(&why_not));
+  EXPECT_THAT(why_not, HasSubstr("built without cuDNN"));
+  EXPECT_EQ(cuda::DefaultGpuKernels(), cuda::GpuKernels::kCublas);
+#endif
 }
 
 TEST(CudaLayers, MaxPool2dMatchesCpu) {
   PSGD_REQUIRE_CUDA_DEVICE();
   const layers::Shape in{4, 9, 7};
-  CompareLayer(*layers::MakeMaxPool2d(in, 2, 2), *cuda::MakeCudaMaxPool2d(in, 2, 2), 3, 13);
-  CompareLayer(*layers::MakeMaxPool2d(in, 3, 2), *cuda::MakeCudaMaxPool2d(in, 3, 2), 3, 14);
+  CompareLayer(*layers::MakeMaxPool2d(in, 2, 2, kReference), *cuda::MakeCudaMaxPool2d(in, 2, 2),
+               3, 13);
+  CompareLayer(*layers::MakeMaxPool2d(in, 3, 2, kReference), *cuda::MakeCudaMaxPool2d(in, 3, 2),
+               3, 14);
 }
 
 TEST(CudaLayers, DropoutAndFlattenMatchCpu) {
@@ -222,12 +288,13 @@ TEST(CudaModel, CnnTrainingStepMatchesCpu) {
     cpu_layers.push_back(std::move(cpu));
     gpu_layers.push_back(std::move(gpu));
   };
-  add(layers::MakeConv2d(shape, 8, 5, 1, 2), cuda::MakeCudaConv2d(shape, 8, 5, 1, 2));
+  add(layers::MakeConv2d(shape, 8, 5, 1, 2, kReference), cuda::MakeCudaConv2d(shape, 8, 5, 1, 2));
   add(layers::MakeRelu(shape), cuda::MakeCudaRelu(shape));
-  add(layers::MakeMaxPool2d(shape, 2, 2), cuda::MakeCudaMaxPool2d(shape, 2, 2));
-  add(layers::MakeConv2d(shape, 16, 3, 1, 1), cuda::MakeCudaConv2d(shape, 16, 3, 1, 1));
+  add(layers::MakeMaxPool2d(shape, 2, 2, kReference), cuda::MakeCudaMaxPool2d(shape, 2, 2));
+  add(layers::MakeConv2d(shape, 16, 3, 1, 1, kReference),
+      cuda::MakeCudaConv2d(shape, 16, 3, 1, 1));
   add(layers::MakeRelu(shape), cuda::MakeCudaRelu(shape));
-  add(layers::MakeMaxPool2d(shape, 2, 2), cuda::MakeCudaMaxPool2d(shape, 2, 2));
+  add(layers::MakeMaxPool2d(shape, 2, 2, kReference), cuda::MakeCudaMaxPool2d(shape, 2, 2));
   add(layers::MakeFlatten(shape), cuda::MakeCudaFlatten(shape));
   add(layers::MakeDropout(shape, 0.25f), cuda::MakeCudaDropout(shape, 0.25f));
   add(layers::MakeLinear(shape, classes), cuda::MakeCudaLinear(shape, classes));

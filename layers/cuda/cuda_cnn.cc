@@ -1,7 +1,6 @@
 // GPU Conv2d, MaxPool2d, Dropout and Flatten: the CUDA twins of layers/conv2d.cc,
 // max_pool2d.cc, dropout.cc and Flatten (layers/layer.h), same parameter layout, same
 // semantics. Checked against the CPU layers on an H200 (tests/cuda_layers_test.cc).
-#include <climits>
 #include <memory>
 #include <string>
 
@@ -12,6 +11,10 @@
 #include "layers/cuda/cnn_kernels.h"
 #include "layers/cuda/cublas_loader.h"
 #include "layers/cuda/cuda_model.h"
+#include "layers/cuda/spatial.h"
+#ifdef PIPESGD_HAVE_CUDNN
+#include "layers/cuda/cudnn_loader.h"
+#endif
 
 namespace pipesgd::cuda {
 namespace {
@@ -19,60 +22,41 @@ namespace {
 using layers::Pass;
 using layers::Shape;
 
-int Int(size_t n) {
-  PSGD_CHECK_LE(n, static_cast<size_t>(INT_MAX));
-  return static_cast<int>(n);
-}
-
 // Convolution as im2col + one strided-batched GEMM per direction (cuBLAS), col for the whole
 // batch in the workspace: W (OC, patch) row-major, col_n (patch, P), y_n (OC, P).
-class CudaConv2d final : public CudaLayer {
+class CudaConv2d final : public CudaConv2dLayer {
  public:
-  CudaConv2d(const Shape& in, size_t out_channels, size_t kernel, size_t stride, size_t padding)
-      : in_(in), out_channels_(out_channels), kernel_(kernel), stride_(stride), padding_(padding) {
-    out_ = {out_channels, (in.height + 2 * padding - kernel) / stride + 1,
-            (in.width + 2 * padding - kernel) / stride + 1};
-    patch_ = in.channels * kernel * kernel;
-    pixels_ = out_.height * out_.width;
-    g_ = {Int(in.channels), Int(in.height), Int(in.width), Int(kernel), Int(stride),
-          Int(padding), Int(out_.height), Int(out_.width)};
-  }
-  std::string name() const override {
-    return fmt::format("conv2d({}->{}, k{} s{} p{})", layers::ToString(in_),
-                       layers::ToString(out_), kernel_, stride_, padding_);
-  }
-  Shape in_shape() const override { return in_; }
-  Shape out_shape() const override { return out_; }
-  size_t num_params() const override { return out_channels_ * patch_ + out_channels_; }
-  // col (B, patch, P), then the bias partial sums (B, OC).
-  size_t workspace_bytes(size_t batch) const override {
-    return (batch * patch_ * pixels_ + batch * out_channels_) * sizeof(float);
-  }
+  explicit CudaConv2d(const layers::Conv2dGeometry& geom)
+      : CudaConv2dLayer(geom), g_{Int(geom.in.channels), Int(geom.in.height), Int(geom.in.width),
+                                  Int(geom.kernel),      Int(geom.stride),    Int(geom.padding),
+                                  Int(geom.out.height),  Int(geom.out.width)} {}
 
   void Forward(Context& ctx, const float* params, const float* x, float* y,
                const Pass& pass) override {
     const int device = ctx.device();
     const float* w = params;
-    const float* b = params + out_channels_ * patch_;
+    const float* b = params + geom_.out_channels * geom_.patch;
     float* col = Col(pass);
     PSGD_CUDA(kernels::Im2col(x, col, pass.batch, g_, ctx.stream()));
-    PSGD_CUDA(kernels::FillBias(y, b, pass.batch, out_channels_, pixels_, ctx.stream()));
+    PSGD_CUDA(kernels::FillBias(y, b, pass.batch, geom_.out_channels, geom_.pixels, ctx.stream()));
     const float one = 1.0f;
     // Row-major y_n (OC, P) += W (OC, patch) col_n (patch, P)  <=>  column-major
     // y_n^T (P, OC) += col_n^T (P, patch) W^T (patch, OC); the column-major views of col_n and W
     // are exactly col_n^T and W^T, so no operand is transposed.
     PSGD_CUBLAS(Cublas().sgemm_strided_batched(
-        ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, Int(pixels_), Int(out_channels_), Int(patch_),
-        &one, col, Int(pixels_), static_cast<long long>(patch_ * pixels_), w, Int(patch_), 0,
-        &one, y, Int(pixels_), static_cast<long long>(out_channels_ * pixels_), Int(pass.batch)));
+        ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, Int(geom_.pixels), Int(geom_.out_channels),
+        Int(geom_.patch), &one, col, Int(geom_.pixels),
+        static_cast<long long>(geom_.patch * geom_.pixels), w, Int(geom_.patch), 0, &one, y,
+        Int(geom_.pixels), static_cast<long long>(geom_.out_channels * geom_.pixels),
+        Int(pass.batch)));
   }
 
-  void Backward(Context& ctx, const float* params, const float* x, const float* y,
-                const float* dy, float* grads, float* dx, const Pass& pass) override {
+  void Backward(Context& ctx, const float* params, const float* x, const float* y, const float* dy,
+                float* grads, float* dx, const Pass& pass) override {
     const int device = ctx.device();
     const float* w = params;
     float* dw = grads;
-    float* db = grads + out_channels_ * patch_;
+    float* db = grads + geom_.out_channels * geom_.patch;
     float* col = Col(pass);
     PSGD_CUDA(kernels::Im2col(x, col, pass.batch, g_, ctx.stream()));
     const float one = 1.0f, zero = 0.0f;
@@ -80,21 +64,24 @@ class CudaConv2d final : public CudaLayer {
     // overwrites). Column-major: dW^T (patch, OC) = col_n (patch, P) dy_n^T (P, OC); col_n is
     // the transpose of its column-major view (op T), dy_n^T is dy_n's view (op N).
     for (size_t n = 0; n < pass.batch; ++n) {
-      PSGD_CUBLAS(Cublas().sgemm(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, Int(patch_),
-                              Int(out_channels_), Int(pixels_), &one, col + n * patch_ * pixels_,
-                              Int(pixels_), dy + n * out_channels_ * pixels_, Int(pixels_),
-                              n == 0 ? &zero : &one, dw, Int(patch_)));
+      PSGD_CUBLAS(Cublas().sgemm(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, Int(geom_.patch),
+                                 Int(geom_.out_channels), Int(geom_.pixels), &one,
+                                 col + n * geom_.patch * geom_.pixels, Int(geom_.pixels),
+                                 dy + n * geom_.out_channels * geom_.pixels, Int(geom_.pixels),
+                                 n == 0 ? &zero : &one, dw, Int(geom_.patch)));
     }
-    PSGD_CUDA(kernels::ConvBiasGrad(dy, db, col + pass.batch * patch_ * pixels_, pass.batch,
-                                    out_channels_, pixels_, ctx.stream()));
+    PSGD_CUDA(kernels::ConvBiasGrad(dy, db, col + pass.batch * geom_.patch * geom_.pixels,
+                                    pass.batch, geom_.out_channels, geom_.pixels, ctx.stream()));
     if (dx == nullptr) return;
     // dcol_n (patch, P) = W^T (patch, OC) dy_n (OC, P)  <=>  column-major
     // dcol_n^T (P, patch) = dy_n^T (P, OC) W (OC, patch): dy_n's view as is (N), W's view
     // transposed (T). dcol reuses the col area (col is no longer needed).
     PSGD_CUBLAS(Cublas().sgemm_strided_batched(
-        ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, Int(pixels_), Int(patch_), Int(out_channels_),
-        &one, dy, Int(pixels_), static_cast<long long>(out_channels_ * pixels_), w, Int(patch_),
-        0, &zero, col, Int(pixels_), static_cast<long long>(patch_ * pixels_), Int(pass.batch)));
+        ctx.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, Int(geom_.pixels), Int(geom_.patch),
+        Int(geom_.out_channels), &one, dy, Int(geom_.pixels),
+        static_cast<long long>(geom_.out_channels * geom_.pixels), w, Int(geom_.patch), 0, &zero,
+        col, Int(geom_.pixels), static_cast<long long>(geom_.patch * geom_.pixels),
+        Int(pass.batch)));
     PSGD_CUDA(kernels::Col2im(col, dx, pass.batch, g_, ctx.stream()));
   }
 
@@ -104,8 +91,6 @@ class CudaConv2d final : public CudaLayer {
     return reinterpret_cast<float*>(pass.workspace.data());
   }
 
-  Shape in_, out_;
-  size_t out_channels_, kernel_, stride_, padding_, patch_, pixels_;
   kernels::Window g_;
 };
 
@@ -118,8 +103,8 @@ class CudaMaxPool2d final : public CudaLayer {
           Int(out_.height), Int(out_.width)};
   }
   std::string name() const override {
-    return fmt::format("max_pool2d({}->{}, k{} s{})", layers::ToString(in_),
-                       layers::ToString(out_), kernel_, stride_);
+    return fmt::format("max_pool2d({}->{}, k{} s{})", layers::ToString(in_), layers::ToString(out_),
+                       kernel_, stride_);
   }
   Shape in_shape() const override { return in_; }
   Shape out_shape() const override { return out_; }
@@ -137,9 +122,8 @@ class CudaMaxPool2d final : public CudaLayer {
                 float* dx, const Pass& pass) override {
     if (dx == nullptr) return;
     const int device = ctx.device();
-    PSGD_CUDA(kernels::MaxPoolBackward(
-        dy, reinterpret_cast<const int32_t*>(pass.workspace.data()), dx, pass.batch, g_,
-        ctx.stream()));
+    PSGD_CUDA(kernels::MaxPoolBackward(dy, reinterpret_cast<const int32_t*>(pass.workspace.data()),
+                                       dx, pass.batch, g_, ctx.stream()));
   }
 
  private:
@@ -168,8 +152,8 @@ class CudaDropout final : public CudaLayer {
     const int device = ctx.device();
     const size_t n = pass.batch * shape_.size();
     if (!pass.training) {
-      PSGD_CUDA(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice,
-                                ctx.stream()));
+      PSGD_CUDA(
+          cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream()));
       return;
     }
     PSGD_CUDA(kernels::DropoutApply(in, out, n, pass.key, pass.first_row * shape_.size(), p_,
@@ -206,14 +190,64 @@ class CudaFlatten final : public CudaLayer {
 
 }  // namespace
 
+#ifdef PIPESGD_HAVE_CUDNN
+// layers/cuda/cudnn_conv2d.cc; takes the arguments MakeCudaConv2d has checked.
+std::unique_ptr<CudaLayer> MakeCudnnConv2d(const Shape& in, size_t out_channels, size_t kernel,
+                                           size_t stride, size_t padding);
+#endif
+
+bool CudnnUsable(std::string* why_not) {
+#ifdef PIPESGD_HAVE_CUDNN
+  try {
+    (void)Cudnn();
+    return true;
+  } catch (const Error& e) {
+    if (why_not != nullptr) *why_not = e.what();
+    return false;
+  }
+#else
+  if (why_not != nullptr) {
+    *why_not = "this pipesgd was built without cuDNN (no cudnn.h in the CUDA toolkit)";
+  }
+  return false;
+#endif
+}
+
+GpuKernels DefaultGpuKernels() { return CudnnUsable() ? GpuKernels::kCudnn : GpuKernels::kCublas; }
+
+std::string GpuKernelsDescription() {
+  std::string why_not;
+  if (!CudnnUsable(&why_not)) return "cublas (no cuDNN: " + why_not + ")";
+#ifdef PIPESGD_HAVE_CUDNN
+  const size_t v = Cudnn().get_version();
+  return fmt::format("cudnn (cuDNN {}.{}.{})", v / 10000, v / 100 % 100, v % 100);
+#else
+  return "cublas";
+#endif
+}
+
+std::string ToString(GpuKernels kernels) {
+  return kernels == GpuKernels::kCudnn ? "cudnn" : "cublas";
+}
+
 std::unique_ptr<CudaLayer> MakeCudaConv2d(const Shape& in, size_t out_channels, size_t kernel,
-                                          size_t stride, size_t padding) {
+                                          size_t stride, size_t padding, GpuKernels kernels) {
   // The CPU factory validates (and throws the same errors); the twin only computes.
-  layers::MakeConv2d(in, out_channels, kernel, stride, padding);
-  return std::make_unique<CudaConv2d>(in, out_channels, kernel, stride, padding);
+  layers::MakeConv2d(in, out_channels, kernel, stride, padding, layers::CpuKernels::kOpenBlas);
+  if (kernels == GpuKernels::kCudnn) {
+    std::string why_not;
+    if (!CudnnUsable(&why_not)) {
+      Throw(ErrorCode::kUnavailable, "conv2d on {} with cuDNN: {}", layers::ToString(in), why_not);
+    }
+#ifdef PIPESGD_HAVE_CUDNN
+    return MakeCudnnConv2d(in, out_channels, kernel, stride, padding);
+#endif
+  }
+  return std::make_unique<CudaConv2d>(
+      layers::Conv2dGeometry(in, out_channels, kernel, stride, padding));
 }
 std::unique_ptr<CudaLayer> MakeCudaMaxPool2d(const Shape& in, size_t kernel, size_t stride) {
-  layers::MakeMaxPool2d(in, kernel, stride);
+  layers::MakeMaxPool2d(in, kernel, stride, layers::CpuKernels::kOpenBlas);
   return std::make_unique<CudaMaxPool2d>(in, kernel, stride);
 }
 std::unique_ptr<CudaLayer> MakeCudaDropout(const Shape& shape, float p) {

@@ -52,9 +52,25 @@ std::unique_ptr<CudaLayer> MakeCudaLinear(const layers::Shape& in, size_t out_fe
 std::unique_ptr<CudaLayer> MakeCudaLinear(size_t in_features, size_t out_features);
 std::unique_ptr<CudaLayer> MakeCudaRelu(const layers::Shape& shape);
 std::unique_ptr<CudaLayer> MakeCudaRelu(size_t features);
-// Convolution as im2col + cuBLAS strided-batched GEMM (the batch's columns in the workspace).
+// Which code computes the GPU convolutions.
+enum class GpuKernels {
+  // cuDNN's convolutions (the ones PyTorch's GPU convolutions use), full FP32 (no TF32),
+  // deterministic algorithms chosen by cuDNN's heuristics once per batch size.
+  kCudnn,
+  // im2col + one cuBLAS strided-batched GEMM (the batch's columns in the workspace).
+  kCublas,
+};
+// Whether kCudnn can run here: this build saw cuDNN's headers and libcudnn.so.<major> loads.
+// `why_not` (optional) gets the reason when it cannot. Never throws.
+bool CudnnUsable(std::string* why_not = nullptr);
+GpuKernels DefaultGpuKernels();             // kCudnn where CudnnUsable(), else kCublas
+std::string ToString(GpuKernels kernels);  // "cudnn", "cublas"
+// For `pipesgd info`: "cudnn (cuDNN 9.19.0)" or "cublas (no cuDNN: <why>)".
+std::string GpuKernelsDescription();
+// Throws Error(kUnavailable) for kCudnn where !CudnnUsable(), with the reason.
 std::unique_ptr<CudaLayer> MakeCudaConv2d(const layers::Shape& in, size_t out_channels,
-                                          size_t kernel, size_t stride, size_t padding);
+                                          size_t kernel, size_t stride, size_t padding,
+                                          GpuKernels kernels = DefaultGpuKernels());
 std::unique_ptr<CudaLayer> MakeCudaMaxPool2d(const layers::Shape& in, size_t kernel,
                                              size_t stride);
 std::unique_ptr<CudaLayer> MakeCudaDropout(const layers::Shape& shape, float p);

@@ -3,6 +3,9 @@
 #include "layers/cuda/device.h"
 
 #include "layers/cuda/cublas_loader.h"
+#ifdef PIPESGD_HAVE_CUDNN
+#include "layers/cuda/cudnn_loader.h"
+#endif
 
 #include <cstdint>
 #include <string>
@@ -174,7 +177,24 @@ Context::Context(int device) : device_(device) {
 }
 
 Context::~Context() {
+#ifdef PIPESGD_HAVE_CUDNN
+  if (cudnn_ != nullptr) Cudnn().destroy(cudnn_);
+#endif
   if (cublas_ != nullptr) Cublas().destroy(cublas_);
 }
+
+#ifdef PIPESGD_HAVE_CUDNN
+cudnnHandle_t Context::cudnn() {
+  if (cudnn_ == nullptr) {
+    const int device = device_;
+    PSGD_CUDA(cudaSetDevice(device));
+    cudnnHandle_t handle = nullptr;
+    PSGD_CUDNN(Cudnn().create(&handle));
+    cudnn_ = handle;
+    PSGD_CUDNN(Cudnn().set_stream(cudnn_, stream_->get()));
+  }
+  return cudnn_;
+}
+#endif
 
 }  // namespace pipesgd::cuda

@@ -15,6 +15,9 @@
 #include <utility>
 
 #include <cublas_v2.h>
+#ifdef PIPESGD_HAVE_CUDNN
+#include <cudnn.h>
+#endif
 #include <cuda_runtime.h>
 
 namespace pipesgd::cuda {
@@ -137,6 +140,10 @@ class Context {
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_->get(); }
   cublasHandle_t cublas() const { return cublas_; }
+#ifdef PIPESGD_HAVE_CUDNN
+  // Made on first use (loading cuDNN), on this context's stream.
+  cudnnHandle_t cudnn();
+#endif
   // e.g. "GPU 0 (NVIDIA H200, sm_90)".
   const std::string& description() const { return description_; }
   void Synchronize(const char* what) const { stream_->Synchronize(what); }
@@ -146,6 +153,9 @@ class Context {
   std::string description_;
   std::unique_ptr<Stream> stream_;
   cublasHandle_t cublas_ = nullptr;
+#ifdef PIPESGD_HAVE_CUDNN
+  cudnnHandle_t cudnn_ = nullptr;
+#endif
 };
 
 }  // namespace pipesgd::cuda

@@ -1,0 +1,46 @@
+#include "layers/spatial.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/base/check.h"
+
+namespace pipesgd::layers {
+
+Conv2dGeometry::Conv2dGeometry(const Shape& in_shape, size_t oc, size_t k, size_t s, size_t p)
+    : in(in_shape),
+      out{oc, (in_shape.height + 2 * p - k) / s + 1, (in_shape.width + 2 * p - k) / s + 1},
+      out_channels(oc),
+      kernel(k),
+      stride(s),
+      padding(p),
+      patch(in_shape.channels * k * k),
+      pixels(out.height * out.width) {}
+
+std::string Conv2dGeometry::name() const {
+  return fmt::format("conv2d({}->{}, k{} s{} p{})", ToString(in), ToString(out), kernel, stride,
+                     padding);
+}
+
+void Conv2dGeometry::Init(std::span<float> params, Rng& rng) const {
+  PSGD_CHECK_EQ(params.size(), num_params());
+  const float bound = 1.0f / std::sqrt(static_cast<float>(patch));
+  for (float& p : params) p = rng.Uniform(-bound, bound);
+}
+
+MaxPool2dGeometry::MaxPool2dGeometry(const Shape& in_shape, size_t k, size_t s)
+    : in(in_shape),
+      out{in_shape.channels, (in_shape.height - k) / s + 1, (in_shape.width - k) / s + 1},
+      kernel(k),
+      stride(s) {}
+
+std::string MaxPool2dGeometry::name() const {
+  return fmt::format("max_pool2d({}->{}, k{} s{})", ToString(in), ToString(out), kernel, stride);
+}
+
+void MaxPool2dLayer::Init(std::span<float> params, Rng& rng) const {
+  PSGD_CHECK_EQ(params.size(), size_t{0});
+}
+
+}  // namespace pipesgd::layers
