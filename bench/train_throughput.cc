@@ -5,8 +5,8 @@
 //   pipesgd_train_bench configs/fashion_mnist_cnn.pbtxt --batch 64 --steps 200 --repeats 3
 //   pipesgd_train_bench configs/fashion_mnist_cnn.pbtxt --batch 64 --device cuda --gpu 0
 //
-// With --device cuda, --set model.device=CUDA --set model.kernels=CUBLAS picks the GPU
-// convolutions (AUTO: cuDNN where it loads).
+// --device sets model.device; with --device cuda, --set model.kernels=CUBLAS picks the GPU
+// convolutions on im2col + cuBLAS (AUTO: cuDNN where it loads).
 // CPU threads: OpenBLAS's (OPENBLAS_NUM_THREADS) for the linear layers and the openblas
 // convolutions, OpenMP's (OMP_NUM_THREADS) for the oneDNN ones (model.kernels).
 // On the GPU (builds with the CUDA backend) the inputs are uploaded once; each step waits for its
@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
   // stdout is the JSON lines; the model builder's info lines would break them (the kernels
   // they name are in the JSON).
   spdlog::set_level(spdlog::level::warn);
+  // --device is model.device (applied last, so the config check sees the device that runs).
+  sets.push_back(device_name == "cuda" ? "model.device=CUDA" : "model.device=CPU");
   try {
     const config::Job job = launcher::LoadJobConfig(config_path, sets);
     if (print_job) {
@@ -97,7 +99,7 @@ int main(int argc, char** argv) {
     };
     std::function<void()> drain = [] {};
     std::string where = layers::BlasDescription();
-    std::string kernels = layers::ToString(launcher::CpuKernels(job.model()));
+    const std::string kernels = launcher::KernelsInUse(job.model());
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
     std::unique_ptr<cuda::Context> ctx;
     std::unique_ptr<cuda::CudaModel> gpu_model;
@@ -131,7 +133,6 @@ int main(int argc, char** argv) {
       };
       drain = [&] { ctx->Synchronize("the benchmark's last step"); };
       where = ctx->description();
-      kernels = cuda::ToString(launcher::GpuKernels(job.model()));
     }
 #else
     if (device_name == "cuda") {

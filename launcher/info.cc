@@ -1,8 +1,11 @@
 #include "launcher/info.h"
 
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "core/base/error.h"
+#include "layers/layer.h"
 #include "layers/model.h"
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
 #include "layers/cuda/cuda_model.h"
@@ -42,8 +45,12 @@ std::string InfoReport() {
          "model.device = CPU only\n";
 #endif
   out += fmt::format("BLAS: {}\n", layers::BlasDescription());
-  out += fmt::format("CPU convolutions and pooling (model.kernels = AUTO): {}\n",
-                     layers::CpuKernelsDescription());
+  out += fmt::format("CPU convolutions and pooling (model.kernels = AUTO): {}{}\n",
+                     layers::CpuKernelsDescription(),
+                     layers::HaveOneDnn() && std::getenv("OMP_NUM_THREADS") == nullptr
+                         ? "; threads of this process: `pipesgd run` gives each rank 1 "
+                           "unless OMP_NUM_THREADS is set"
+                         : "");
   return out;
 }
 

@@ -3,7 +3,7 @@
 //   pipesgd run -H lab0:1,lab1:1 -np 2 CONFIG   (ranks over ssh; or --hostfile FILE)
 //   pipesgd worker CONFIG      (one rank; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from env)
 //   pipesgd bench allreduce --np 4 [--transport tcp|ucx|ibverbs|auto] ...
-//   pipesgd info               (transports, RDMA devices, GPUDirect, BLAS of this build and host)
+//   pipesgd info               (transports, RDMA devices, GPUDirect, BLAS, convolution kernels)
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -269,7 +269,8 @@ int main(int argc, char** argv) {
   model_cmd->add_option("--json", model.json_path, "Write the predictions as JSON");
 
   auto* info_cmd = app.add_subcommand(
-      "info", "Print what this build and host support: transports, RDMA devices, GPUDirect, BLAS");
+      "info", "Print what this build and host support: transports, RDMA devices, GPUDirect, BLAS, "
+              "convolution kernels");
 
   // What `pipesgd run` runs over ssh (launcher/remote_rank.h); hidden from --help.
   auto* remote_rank_cmd = app.add_subcommand(

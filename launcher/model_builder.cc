@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -40,13 +41,24 @@ cuda::GpuKernels GpuKernels(const config::Model& spec) {
 }
 #endif
 
-namespace {
-
 bool HasSpatialLayers(const config::Model& spec) {
   return std::any_of(spec.layers().begin(), spec.layers().end(), [](const config::Layer& l) {
     return l.has_conv2d() || l.has_max_pool2d();
   });
 }
+
+std::string KernelsInUse(const config::Model& spec) {
+  if (!HasSpatialLayers(spec)) return "none";
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  if (spec.device() == config::Model::CUDA) return cuda::ToString(GpuKernels(spec));
+#endif
+  return layers::ToString(CpuKernels(spec));
+}
+
+namespace {
+
+// Once per process: the pipeline mode builds its layers more than once.
+std::once_flag cpu_kernels_logged;
 
 }  // namespace
 
@@ -78,10 +90,12 @@ std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spe
     shape = stack.back()->out_shape();
   }
   if (HasSpatialLayers(spec) && spec.device() == config::Model::CPU) {
-    PSGD_LOG_INFO("model.kernels = {}: convolutions and pooling on {}",
+    std::call_once(cpu_kernels_logged, [&] {
+      PSGD_LOG_INFO("model.kernels = {}: convolutions and pooling on {}",
                   config::Model::Kernels_Name(spec.kernels()),
-                  kernels == layers::DefaultCpuKernels() ? layers::CpuKernelsDescription()
-                                                         : layers::ToString(kernels));
+                    kernels == layers::DefaultCpuKernels() ? layers::CpuKernelsDescription()
+                                                           : layers::ToString(kernels));
+    });
   }
   return stack;
 }

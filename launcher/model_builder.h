@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "configs/pipesgd.pb.h"
@@ -22,6 +23,13 @@ layers::CpuKernels CpuKernels(const config::Model& spec);
 // model.kernels for the CUDA layers, with AUTO resolved for this build and machine.
 cuda::GpuKernels GpuKernels(const config::Model& spec);
 #endif
+
+// Whether the model has conv2d or max_pool2d layers (what model.kernels applies to).
+bool HasSpatialLayers(const config::Model& spec);
+// The library that computes the model's convolutions here, model.kernels resolved: "onednn",
+// "openblas", "cudnn", "cublas", or "none" for a model without conv2d or max_pool2d; written to
+// summary.json and the training benchmark's output.
+std::string KernelsInUse(const config::Model& spec);
 
 // The layers of the config in order, each built for the shape its predecessor outputs (no
 // activation memory yet; layers::Model allocates that). The config loader has checked that the

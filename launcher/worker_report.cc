@@ -11,6 +11,7 @@
 
 #include "core/base/error.h"
 #include "core/base/log.h"
+#include "launcher/model_builder.h"
 #include "launcher/worker_detail.h"
 
 namespace pipesgd::launcher::detail {
@@ -124,6 +125,7 @@ nlohmann::json Summary(const SummaryInputs& in, const train::RunOutcome& outcome
           {"train_wall_s", outcome.train_s},
           {"eval_s", outcome.eval_s},
           {"transport", in.transport},
+          {"kernels", KernelsInUse(job.model())},
           {"wire_bytes", in.wire_bytes},
           {"version", PIPESGD_VERSION},
           {"details", std::move(details)},

@@ -55,7 +55,7 @@ for c in mlp cnn; do for b in 16 64 256; do
   # The CNN on both GPU convolutions: cuDNN (AUTO where it loads) and im2col + cuBLAS.
   [[ $c == cnn ]] && pg timeout 120 "$B/bin/pipesgd_train_bench" "configs/fashion_mnist_$c.pbtxt" \
     --batch $b --device cuda --steps 200 --repeats 3 --set model.kernels=CUBLAS \
-    --set model.device=CUDA | tee -a "$OUT/speed.jsonl"
+    | tee -a "$OUT/speed.jsonl"
   if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     timeout 300 python3 bench/torch_train_throughput.py "$B/jobs/fashion_mnist_$c.json" \
       --batch $b --device cuda --steps 200 --repeats 3 | tee -a "$OUT/speed.jsonl"
