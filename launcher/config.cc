@@ -112,6 +112,8 @@ class TextContext {
     // The path of the field whose value starts at the position ("model.layers[2].linear.
     // out_features"), or "" if the position is not at a value (a misspelt name, a brace).
     std::string field;
+    // That field's descriptor (null where `field` is "" or names no field of the schema).
+    const FieldDescriptor* descriptor = nullptr;
     // The token just before the position (line -1 if none).
     std::string previous;
     bool previous_is_identifier = false;
@@ -140,6 +142,8 @@ class TextContext {
       if (token.line > line || (token.line == line && token.column >= column)) {
         if (after_colon && token.text != "{" && token.text != "<") {
           at.field = Child(frames.back(), name, /*count=*/false);
+          const Descriptor* type = frames.back().type;
+          at.descriptor = type != nullptr ? type->FindFieldByName(name) : nullptr;
         }
         return at;
       }
@@ -201,6 +205,8 @@ class TextContext {
   const std::string& text_;
 };
 
+std::string ExpectedValue(const FieldDescriptor* field);  // below
+
 class FileErrorCollector : public pb::io::ErrorCollector {
  public:
   FileErrorCollector(const std::string& path, const std::string& text)
@@ -227,6 +233,13 @@ class FileErrorCollector : public pb::io::ErrorCollector {
       }
     } else if (!at.field.empty()) {
       what = at.field + ": " + message;
+      // A bad enum value: say what the field takes, as a bad --set value does.
+      if (at.descriptor != nullptr &&
+          at.descriptor->cpp_type() == FieldDescriptor::CPPTYPE_ENUM &&
+          message.rfind("Unknown enumeration value", 0) == 0) {
+        what += fmt::format(" Expected {} (upper case in a file; any case with --set).",
+                            ExpectedValue(at.descriptor));
+      }
     }
     errors_.push_back(fmt::format("{}:{}:{}: {}", path_, line + 1, column + 1, what));
   }

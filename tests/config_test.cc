@@ -209,6 +209,14 @@ TEST_F(ConfigTest, UnknownEnumValuePointsAtTheValue) {
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(e.what(), HasSubstr(path + ":2:19: comm.transport: Unknown enumeration value of "
                                          "\"UDP\""));
+  // And what the field takes, as a bad --set value says.
+  EXPECT_THAT(e.what(), HasSubstr("Expected one of TCP, UCX, IBVERBS, AUTO (upper case in a "
+                                  "file; any case with --set)."));
+  const std::string lower =
+      Write("model { layers { linear { out_features: 10 } } kernels: onednn }\n");
+  EXPECT_THAT(LoadError(lower).what(),
+              HasSubstr("model.kernels: Unknown enumeration value of \"onednn\" for field "
+                        "\"kernels\". Expected one of AUTO, ONEDNN, OPENBLAS, CUDNN, CUBLAS"));
 }
 
 TEST_F(ConfigTest, SyntaxErrorHasLineAndColumn) {
