@@ -92,7 +92,7 @@ std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spe
   if (HasSpatialLayers(spec) && spec.device() == config::Model::CPU) {
     std::call_once(cpu_kernels_logged, [&] {
       PSGD_LOG_INFO("model.kernels = {}: convolutions and pooling on {}",
-                  config::Model::Kernels_Name(spec.kernels()),
+                    config::Model::Kernels_Name(spec.kernels()),
                     kernels == layers::DefaultCpuKernels() ? layers::CpuKernelsDescription()
                                                            : layers::ToString(kernels));
     });

@@ -12,6 +12,14 @@
 
 namespace pipesgd::launcher {
 
+// What every rank gets where the launcher's environment (or, over ssh, the host's) has no value:
+// one BLAS and one OpenMP (oneDNN) thread, as ranks share the machine's cores. torchrun sets
+// OMP_NUM_THREADS=1 too where more than one rank shares a node; pipesgd always, so that -np 1
+// and a run over ssh with one rank per host compute with the same thread counts, and so the
+// same bits, as -np N on one machine.
+inline const std::vector<std::pair<std::string, std::string>> kRankThreadDefaults = {
+    {"OPENBLAS_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}};
+
 struct ChildSpec {
   // argv[0] is the program: a path, or a name looked up on PATH (execvp).
   std::vector<std::string> argv;

@@ -364,10 +364,9 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
     remote.env["MASTER_PORT"] = std::to_string(master_port);
     remote.env["PIPESGD_JOB_TOKEN"] = token;
     remote.env["PIPESGD_HOST"] = p.host;
-    // As for local workers: one BLAS thread per rank unless -x says otherwise (and results
-    // then match a local run bit for bit).
-    remote.env_defaults["OPENBLAS_NUM_THREADS"] = "1";
-    remote.env_defaults["OMP_NUM_THREADS"] = "1";
+    // As for local workers, unless -x or the host says otherwise (and results then match a
+    // local run bit for bit).
+    for (const auto& [var, value] : kRankThreadDefaults) remote.env_defaults[var] = value;
     remote.config_name = config_name;
     remote.config_text = config_text;
     remote.worker_args = worker_args;

@@ -553,19 +553,15 @@ int RunLocal(const RunArgs& args) {
                        {"MASTER_ADDR", args.master_addr},
                        {"MASTER_PORT", std::to_string(port)},
                        {"PIPESGD_JOB_TOKEN", token}});
-    // N workers share this machine's cores: one BLAS and one OpenMP (oneDNN) thread each unless
-    // the user says otherwise (torchrun sets OMP_NUM_THREADS=1 too, where more than one rank
-    // shares a node; here always, so that -np 1 and a run over ssh with one rank per host
-    // compute with the same thread counts, and so the same bits, as -np N on one machine).
-    c.spec.env_defaults = {{"OPENBLAS_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "1"}};
+    c.spec.env_defaults = kRankThreadDefaults;
     commands.push_back(std::move(c));
   }
   PSGD_LOG_INFO("pipesgd run: starting {} workers (rendezvous {}:{})", args.num_processes,
                 args.master_addr, port);
   std::string defaulted;
-  for (const char* var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
-    if (std::getenv(var) == nullptr) {
-      defaulted += fmt::format("{}{}=1", defaulted.empty() ? "" : ", ", var);
+  for (const auto& [var, value] : kRankThreadDefaults) {
+    if (std::getenv(var.c_str()) == nullptr) {
+      defaulted += fmt::format("{}{}={}", defaulted.empty() ? "" : ", ", var, value);
     }
   }
   if (!defaulted.empty()) {

@@ -18,7 +18,6 @@
 #include "core/base/check.h"
 #include "core/base/error.h"
 #include "layers/layer.h"
-#include "layers/model.h"
 #include "layers/rng.h"
 #include "layers/spatial.h"
 
@@ -161,30 +160,6 @@ class Conv2d final : public Conv2dLayer {
 
 }  // namespace
 
-#ifdef PIPESGD_HAVE_ONEDNN
-// layers/onednn_conv2d.cc; takes the arguments MakeConv2d has checked.
-std::unique_ptr<Layer> MakeOneDnnConv2d(const Shape& in, size_t out_channels, size_t kernel,
-                                        size_t stride, size_t padding);
-bool HaveOneDnn() { return true; }
-namespace onednn {
-std::string Description();  // layers/onednn.cc
-}  // namespace onednn
-std::string CpuKernelsDescription() { return "onednn (" + onednn::Description() + ")"; }
-#else
-std::string CpuKernelsDescription() {
-  return "openblas (im2col + OpenBLAS; this build has no oneDNN)";
-}
-bool HaveOneDnn() { return false; }
-#endif
-
-CpuKernels DefaultCpuKernels() {
-  return HaveOneDnn() ? CpuKernels::kOneDnn : CpuKernels::kOpenBlas;
-}
-
-std::string ToString(CpuKernels kernels) {
-  return kernels == CpuKernels::kOneDnn ? "onednn" : "openblas";
-}
-
 std::unique_ptr<Layer> MakeConv2d(const Shape& in, size_t out_channels, size_t kernel,
                                   size_t stride, size_t padding, CpuKernels kernels) {
   if (in.size() == 0 || out_channels == 0 || kernel == 0 || stride == 0) {
@@ -201,14 +176,7 @@ std::unique_ptr<Layer> MakeConv2d(const Shape& in, size_t out_channels, size_t k
           std::min(in.height, in.width) + 2 * padding);
   }
   if (kernels == CpuKernels::kOneDnn) {
-#ifdef PIPESGD_HAVE_ONEDNN
     return MakeOneDnnConv2d(in, out_channels, kernel, stride, padding);
-#else
-    Throw(ErrorCode::kUnavailable,
-          "conv2d on {}: this build has no oneDNN (install libdnnl-dev and configure again), "
-          "expected the openblas kernels",
-          ToString(in));
-#endif
   }
   return std::make_unique<Conv2d>(Conv2dGeometry(in, out_channels, kernel, stride, padding));
 }

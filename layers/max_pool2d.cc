@@ -83,11 +83,6 @@ class MaxPool2d final : public MaxPool2dLayer {
 
 }  // namespace
 
-#ifdef PIPESGD_HAVE_ONEDNN
-// layers/onednn_max_pool2d.cc; takes the arguments MakeMaxPool2d has checked.
-std::unique_ptr<Layer> MakeOneDnnMaxPool2d(const Shape& in, size_t kernel, size_t stride);
-#endif
-
 std::unique_ptr<Layer> MakeMaxPool2d(const Shape& in, size_t kernel, size_t stride,
                                      CpuKernels kernels) {
   if (in.size() == 0 || kernel == 0 || stride == 0) {
@@ -102,14 +97,7 @@ std::unique_ptr<Layer> MakeMaxPool2d(const Shape& in, size_t kernel, size_t stri
           kernel, ToString(in), in.height, in.width, std::min(in.height, in.width));
   }
   if (kernels == CpuKernels::kOneDnn) {
-#ifdef PIPESGD_HAVE_ONEDNN
     return MakeOneDnnMaxPool2d(in, kernel, stride);
-#else
-    Throw(ErrorCode::kUnavailable,
-          "max_pool2d on {}: this build has no oneDNN (install libdnnl-dev and configure "
-          "again), expected the openblas kernels",
-          ToString(in));
-#endif
   }
   return std::make_unique<MaxPool2d>(MaxPool2dGeometry(in, kernel, stride));
 }

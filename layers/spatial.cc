@@ -1,12 +1,57 @@
 #include "layers/spatial.h"
 
 #include <cmath>
+#include <memory>
+#include <string>
 
 #include <fmt/format.h>
 
 #include "core/base/check.h"
+#include "core/base/error.h"
+#include "layers/model.h"
 
 namespace pipesgd::layers {
+
+// Which CPU kernels this build has (layer.h's CpuKernels), kept here rather than in either
+// layer so that conv2d and max_pool2d make the same choice.
+#ifdef PIPESGD_HAVE_ONEDNN
+namespace onednn {
+std::string Description();  // layers/onednn.cc (its header needs oneDNN's)
+}  // namespace onednn
+bool HaveOneDnn() { return true; }
+std::string CpuKernelsDescription() { return "onednn (" + onednn::Description() + ")"; }
+#else
+bool HaveOneDnn() { return false; }
+std::string CpuKernelsDescription() {
+  return "openblas (im2col + OpenBLAS; this build has no oneDNN)";
+}
+
+namespace {
+
+[[noreturn]] void ThrowNoOneDnn(const char* layer, const Shape& in) {
+  Throw(ErrorCode::kUnavailable,
+        "{} on {}: this build has no oneDNN (install libdnnl-dev and configure again), "
+        "expected the openblas kernels",
+        layer, ToString(in));
+}
+
+}  // namespace
+
+std::unique_ptr<Layer> MakeOneDnnConv2d(const Shape& in, size_t, size_t, size_t, size_t) {
+  ThrowNoOneDnn("conv2d", in);
+}
+std::unique_ptr<Layer> MakeOneDnnMaxPool2d(const Shape& in, size_t, size_t) {
+  ThrowNoOneDnn("max_pool2d", in);
+}
+#endif
+
+CpuKernels DefaultCpuKernels() {
+  return HaveOneDnn() ? CpuKernels::kOneDnn : CpuKernels::kOpenBlas;
+}
+
+std::string ToString(CpuKernels kernels) {
+  return kernels == CpuKernels::kOneDnn ? "onednn" : "openblas";
+}
 
 Conv2dGeometry::Conv2dGeometry(const Shape& in_shape, size_t oc, size_t k, size_t s, size_t p)
     : in(in_shape),

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -39,6 +40,13 @@ struct MaxPool2dGeometry {
 
   std::string name() const;  // "max_pool2d(16x28x28->16x14x14, k2 s2)"
 };
+
+// The oneDNN layers (layers/onednn_*.cc); they take the arguments MakeConv2d / MakeMaxPool2d
+// have checked. In a build without oneDNN they throw Error(kUnavailable) naming the layer and
+// its input.
+std::unique_ptr<Layer> MakeOneDnnConv2d(const Shape& in, size_t out_channels, size_t kernel,
+                                        size_t stride, size_t padding);
+std::unique_ptr<Layer> MakeOneDnnMaxPool2d(const Shape& in, size_t kernel, size_t stride);
 
 // The Layer methods a CPU convolution takes from its geometry.
 class Conv2dLayer : public Layer {
