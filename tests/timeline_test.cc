@@ -8,12 +8,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "core/base/timeline.h"
+#include "core/collective/powersgd.h"
 #include "core/data/dataset.h"
 #include "core/train/classifier_task.h"
 #include "core/train/trainer.h"
@@ -92,6 +95,61 @@ constexpr const char* kImages = "/usr/share/datasets/fashion-mnist/train-images-
 constexpr const char* kLabels = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz";
 constexpr uint64_t kChunkBytes = 16 << 10;
 
+// Makes the overlap of width 2 certain rather than a race against the scheduler: the
+// AllReduce of step t starts its span, then holds until the compute thread has finished the
+// gradient of step t+1 (which at width 2 needs only step t-1's aggregate). A trainer that
+// waited for step t's AllReduce before computing step t+1 would stall here until the hold's
+// deadline, and the test would then see no overlap. On a busy machine the comm thread could
+// otherwise finish a small AllReduce before the compute thread is scheduled at all.
+class ComputedSteps : public train::Objective {
+ public:
+  explicit ComputedSteps(train::Objective& inner) : inner_(inner) {}
+  size_t num_params() const override { return inner_.num_params(); }
+  float ComputeGradient(int64_t step, std::span<const float> params,
+                        std::span<float> grads) override {
+    const float loss = inner_.ComputeGradient(step, params, grads);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = step + 1;
+    }
+    cv_.notify_all();
+    return loss;
+  }
+  // False when `deadline` passed first.
+  bool WaitFor(int64_t steps_done, std::chrono::seconds deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, deadline, [&] { return done_ >= steps_done; });
+  }
+
+ private:
+  train::Objective& inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t done_ = 0;
+};
+
+class HoldUntilNextStepComputed : public collective::GradientReducer {
+ public:
+  HoldUntilNextStepComputed(collective::Communicator& comm, ComputedSteps& steps, int64_t last)
+      : comm_(comm), steps_(steps), last_(last) {}
+  void AllReduce(std::span<float> data, collective::ReduceOp op, Deadline deadline,
+                 const std::atomic<bool>* abort,
+                 const collective::AllReduceOptions& call) override {
+    const int64_t step = next_++;  // gradient AllReduces run in step order
+    if (step < last_) steps_.WaitFor(step + 2, std::chrono::seconds(20));
+    comm_.AllReduce(data, op, deadline, abort, call);
+  }
+  const collective::WireStats& last_wire_stats() const override {
+    return comm_.last_wire_stats();
+  }
+
+ private:
+  collective::Communicator& comm_;
+  ComputedSteps& steps_;
+  int64_t last_;
+  int64_t next_ = 0;
+};
+
 std::string TrainWithTimeline(const RankContext& ctx, int width, int steps) {
   const size_t batch = 32;
   auto data = data::LoadDataset(kImages, kLabels, 10, 2048);
@@ -108,8 +166,12 @@ std::string TrainWithTimeline(const RankContext& ctx, int width, int steps) {
   train::ClassifierTask task(model, data, batch, ctx.rank, ctx.world_size, 1);
   task.set_timeline(&rec);
   train::SgdOptimizer sgd({0.05f, 0.0f, 0.0f}, w.size());
+  ComputedSteps computed(task);
+  HoldUntilNextStepComputed hold(*comm, computed, steps - 1);
+  train::TrainerOptions options{width, 30};
+  if (width >= 2) options.reducer = &hold;
   {
-    train::Trainer trainer(*comm, task, sgd, w, {width, 30});
+    train::Trainer trainer(*comm, computed, sgd, w, options);
     trainer.set_timeline(&rec);
     for (int t = 0; t < steps; ++t) trainer.Step();
     trainer.Drain(true);
