@@ -1,14 +1,29 @@
 #include "pipesgd/pipesgd.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <utility>
 
+#include "transport/launch_env.h"
 #include "transport/message_io.h"
 #include "transport/rendezvous.h"
 
 namespace pipesgd {
 
 const char* Version() { return PIPESGD_VERSION_STRING; }
+
+ConnectOptions ConnectOptionsFromEnv() {
+  const transport::LaunchEnv env = transport::ReadLaunchEnv();
+  ConnectOptions o;
+  o.rank = env.rank;
+  o.world_size = env.world_size;
+  o.master_addr = env.master_addr;
+  o.master_port = env.master_port;
+  if (const char* token = std::getenv("PIPESGD_JOB_TOKEN"); token != nullptr) o.token = token;
+  const bool loopback = o.master_addr == "localhost" || o.master_addr.starts_with("127.");
+  o.bind_host = loopback ? "127.0.0.1" : "";
+  return o;
+}
 
 std::unique_ptr<Communicator> Connect(const ConnectOptions& o) {
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {

@@ -1,9 +1,11 @@
 // pipesgd: pipelined data-parallel SGD over a ring AllReduce.
 //   pipesgd run -np 4 configs/fashion_mnist_mlp.pbtxt [--set key=value]... [--out DIR]
 //   pipesgd run -H lab0:1,lab1:1 -np 2 CONFIG   (ranks over ssh; or --hostfile FILE)
+//   pipesgd run -np 4 -- PROGRAM ARGS...         (any program, torchrun-style environment)
 //   pipesgd worker CONFIG      (one rank; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from env)
 //   pipesgd bench allreduce --np 4 [--transport tcp|ucx|ibverbs|auto] ...
 //   pipesgd info               (transports, RDMA devices, GPUDirect, BLAS, convolution kernels)
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -35,6 +37,19 @@ constexpr const char* kSetHelp =
 int main(int argc, char** argv) {
   // mpirun and horovodrun spell it -np; CLI11 only takes single-letter short options.
   std::vector<std::string> args(argv, argv + argc);
+  // `pipesgd run [options] -- PROGRAM ARGS...`: what follows "--" is the program's, untouched.
+  std::vector<std::string> program;
+  if (args.size() > 1 && args[1] == "run") {
+    if (auto dashes = std::find(args.begin() + 2, args.end(), "--"); dashes != args.end()) {
+      program.assign(dashes + 1, args.end());
+      args.erase(dashes, args.end());
+      if (program.empty()) {
+        std::fprintf(stderr, "error: run: nothing after --; expected a program to run on every "
+                             "rank (pipesgd run -np 4 -- ./my_program ARGS...)\n");
+        return 2;
+      }
+    }
+  }
   for (auto& a : args) {
     if (a == "-np") a = "--np";
   }
@@ -58,8 +73,10 @@ int main(int argc, char** argv) {
   run_cmd->add_option("-n,--np", run.num_processes,
                       "Number of ranks (with -H/--hostfile: default all slots; at most that)")
       ->check(CLI::Range(1, 1024));
-  run_cmd->add_option("config", run.config_path, "Job config (protobuf text format)")
-      ->required()
+  run_cmd->add_option("config", run.config_path,
+                      "Job config (protobuf text format), or a program to start on every rank "
+                      "(also: -- PROGRAM ARGS...), with RANK, WORLD_SIZE, LOCAL_RANK, "
+                      "MASTER_ADDR, MASTER_PORT and PIPESGD_JOB_TOKEN set")
       ->check(CLI::ExistingFile);
   run_cmd->add_option("--set", run.overrides, kSetHelp)->allow_extra_args(false);
   run_cmd->add_option("--out", run.out_dir,
@@ -144,8 +161,10 @@ int main(int argc, char** argv) {
   pipesgd::launcher::WorkerArgs worker;
   auto* worker_cmd = app.add_subcommand(
       "worker",
-      "Run one rank. Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment "
-      "(as torchrun and Horovod set them); with neither RANK nor WORLD_SIZE set it runs alone");
+      "Run one rank. Takes its place from the environment: RANK, WORLD_SIZE, MASTER_ADDR, "
+      "MASTER_PORT (as torchrun and pipesgd run set them), or srun's (SLURM_PROCID, ...) or "
+      "mpirun's (OMPI_COMM_WORLD_RANK, ...); with none of them it runs alone "
+      "(docs/launchers.md)");
   worker_cmd->add_option("config", worker.config_path, "Job config (protobuf text format)")
       ->required();
   worker_cmd->add_option("--set", worker.overrides, kSetHelp)->allow_extra_args(false);
@@ -311,6 +330,29 @@ int main(int argc, char** argv) {
     if (*run_cmd) {
       pipesgd::InitLogging(run.verbose);
       const bool over_ssh = !host_lists.empty() || !hostfile.empty();
+      if (program.empty() && pipesgd::launcher::IsProgram(run.config_path)) {
+        program = {run.config_path};  // `pipesgd run -np 4 ./my_program`
+      } else if (!program.empty() && !run.config_path.empty()) {
+        std::fprintf(stderr, "error: run: both a config (%s) and a program after -- (%s); give "
+                             "one\n", run.config_path.c_str(), program[0].c_str());
+        return 2;
+      }
+      if (program.empty() && run.config_path.empty()) {
+        std::fprintf(stderr, "error: run: give a job config (pipesgd run -np 4 CONFIG) or a "
+                             "program (pipesgd run -np 4 -- PROGRAM ARGS...)\n");
+        return 2;
+      }
+      if (!program.empty()) {
+        for (const char* name : {"--set", "--out", "--resume", "--timeline", "--transport",
+                                 "--network-interface"}) {
+          if (run_cmd->count(name) > 0) {
+            std::fprintf(stderr, "error: %s applies to a pipesgd job config, not to a program "
+                                 "(%s)\n", name, program[0].c_str());
+            return 2;
+          }
+        }
+        run.program = program;
+      }
       if (!over_ssh) {
         for (const auto* o : ssh_only) {
           if (o->count() > 0) {
@@ -394,9 +436,14 @@ int main(int argc, char** argv) {
   } catch (const pipesgd::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what());
-    const char* rank = std::getenv("RANK");
-    if (*worker_cmd && e.culprit() >= 0 && rank && std::to_string(e.culprit()) != rank) {
-      return pipesgd::launcher::kExitBecauseOfAnotherRank;
+    if (*worker_cmd && e.culprit() >= 0) {
+      int rank = -1;  // from the same environment the worker read (RANK, SLURM_PROCID, ...)
+      try {
+        const auto launch = pipesgd::transport::ReadLaunchEnv();
+        if (launch.launcher != pipesgd::transport::Launcher::kNone) rank = launch.rank;
+      } catch (const pipesgd::Error&) {
+      }
+      if (rank >= 0 && e.culprit() != rank) return pipesgd::launcher::kExitBecauseOfAnotherRank;
     }
     return 1;
   } catch (const std::bad_alloc&) {

@@ -9,9 +9,11 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -120,6 +122,38 @@ std::string SelfExe() {
   auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) Throw(ErrorCode::kIo, "cannot find this program's path: {}", ec.message());
   return path.string();
+}
+
+bool IsProgram(const std::string& path) {
+  std::error_code ec;
+  return !path.empty() && std::filesystem::is_regular_file(path, ec) &&
+         access(path.c_str(), X_OK) == 0 && !path.ends_with(".pbtxt");
+}
+
+std::string FindProgram(const std::string& name) {
+  const auto runnable = [](const std::filesystem::path& p) {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) {
+    if (!runnable(name)) {
+      Throw(ErrorCode::kInvalidArgument, "program {}: {}", name,
+            access(name.c_str(), F_OK) == 0 ? "not an executable file" : "no such file");
+    }
+    return std::filesystem::absolute(name).lexically_normal().string();
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const size_t colon = dirs.find(':');
+    const std::string dir(dirs.substr(0, colon));
+    const std::filesystem::path candidate = std::filesystem::path(dir.empty() ? "." : dir) / name;
+    if (runnable(candidate)) return candidate.string();
+    if (colon == std::string_view::npos) break;
+    dirs.remove_prefix(colon + 1);
+  }
+  Throw(ErrorCode::kInvalidArgument, "program {}: not found on PATH ({}); give its path",
+        name, path != nullptr ? path : "unset");
 }
 
 std::string DescribeWaitStatus(int status) {

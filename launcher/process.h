@@ -51,6 +51,14 @@ Child SpawnChild(const ChildSpec& spec, const std::string& what);
 // The path of this program (/proc/self/exe). Throws Error kIo if it cannot be read.
 std::string SelfExe();
 
+// True if `path` names a program to start rather than a job config: an executable regular
+// file (not a .pbtxt), as `pipesgd run -np 4 ./my_program`.
+bool IsProgram(const std::string& path);
+
+// `name` as a child would exec it: a path containing '/' (made absolute), else the first
+// executable NAME on PATH. Throws Error kInvalidArgument naming it when there is none.
+std::string FindProgram(const std::string& name);
+
 // "exited with status 3", "was killed by signal 9 (Killed)" for a waitpid status.
 std::string DescribeWaitStatus(int status);
 

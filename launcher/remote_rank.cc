@@ -141,6 +141,7 @@ std::string EncodeRemoteJob(const RemoteJob& job) {
                       {"config_name", job.config_name},
                       {"config", job.config_text},
                       {"worker_args", job.worker_args},
+                      {"program", job.program},
                       {"cwd", job.cwd},
                       {"kill_grace_s", job.kill_grace_s}};
   // dump() escapes control characters, so the line holds no newline; invalid UTF-8 (a config
@@ -163,10 +164,12 @@ RemoteJob DecodeRemoteJob(const std::string& line) {
     job.config_name = j.at("config_name").get<std::string>();
     job.config_text = j.at("config").get<std::string>();
     job.worker_args = j.at("worker_args").get<std::vector<std::string>>();
+    job.program = j.at("program").get<std::vector<std::string>>();
     job.cwd = j.at("cwd").get<std::string>();
     job.kill_grace_s = j.at("kill_grace_s").get<double>();
-    if (job.config_name.empty() || job.config_name.find('/') != std::string::npos ||
-        job.config_name == "." || job.config_name == "..") {
+    if (job.program.empty() &&
+        (job.config_name.empty() || job.config_name.find('/') != std::string::npos ||
+         job.config_name == "." || job.config_name == "..")) {
       Throw(ErrorCode::kDataLoss, "remote-rank: bad config file name '{}'", job.config_name);
     }
     return job;
@@ -202,16 +205,19 @@ int RunRemoteRank() {
                   job.rank, job.host, job.cwd, std::strerror(errno), home ? home : "/");
   }
   TempDir dir(fmt::format("pipesgd-rank{}", job.rank));
-  const fs::path config = dir.path() / job.config_name;
-  WriteConfig(config, job.config_text);
-  PSGD_LOG_DEBUG("rank {} on {}: shipped config written to {}", job.rank, job.host,
-                 config.string());
+  std::vector<std::string> argv = job.program;
+  if (argv.empty()) {
+    const fs::path config = dir.path() / job.config_name;
+    WriteConfig(config, job.config_text);
+    PSGD_LOG_DEBUG("rank {} on {}: shipped config written to {}", job.rank, job.host,
+                   config.string());
+    argv = {SelfExe(), "worker", config.string()};
+    argv.insert(argv.end(), job.worker_args.begin(), job.worker_args.end());
+  }
 
   for (const auto& [name, value] : job.env_defaults) setenv(name.c_str(), value.c_str(), 0);
   for (const auto& [name, value] : job.env) setenv(name.c_str(), value.c_str(), 1);
-  const std::string exe = SelfExe();
-  std::vector<std::string> argv = {exe, "worker", config.string()};
-  argv.insert(argv.end(), job.worker_args.begin(), job.worker_args.end());
+  const std::string exe = argv[0];
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);
@@ -226,7 +232,7 @@ int RunRemoteRank() {
     const int null = open("/dev/null", O_RDONLY);
     if (null >= 0) dup2(null, STDIN_FILENO);
     for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGPIPE}) signal(sig, SIG_DFL);
-    execv(exe.c_str(), cargv.data());
+    execvp(exe.c_str(), cargv.data());  // a program may be a name on this host's PATH
     dprintf(STDERR_FILENO, "cannot exec %s: %s\n", exe.c_str(), strerror(errno));
     _exit(127);
   }

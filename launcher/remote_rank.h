@@ -30,6 +30,8 @@ struct RemoteJob {
   std::string config_name;  // file name for the shipped copy (the original's base name)
   std::string config_text;
   std::vector<std::string> worker_args;  // after `worker CONFIG`
+  // Non-empty: run this instead of `pipesgd worker CONFIG` (argv; no config is shipped).
+  std::vector<std::string> program;
   std::string cwd;  // the launcher's directory: used when it exists on the remote host
   double kill_grace_s = 3;  // SIGTERM to SIGKILL when stopping the worker
 };

@@ -238,8 +238,10 @@ std::vector<std::string> SshArgv(const SshOptions& ssh, const std::string& host,
 int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
   const std::vector<Placement> placement = PlaceRanks(ssh.hosts, args.num_processes);
   // Check the config here once; then ship its text, so it need not exist on the other hosts.
-  const std::string config_text = ReadConfigText(args.config_path);
-  const config::Job job = LoadJobConfig(args.config_path, args.overrides);
+  // A program (`run -- PROGRAM`) must be at its path, or on PATH, on every host, as for mpirun.
+  const bool program = !args.program.empty();
+  const std::string config_text = program ? "" : ReadConfigText(args.config_path);
+  const config::Job job = program ? config::Job() : LoadJobConfig(args.config_path, args.overrides);
   const auto forwarded = ResolveForwardedEnv(args.forward_env);
   const std::string binary = ssh.remote_binary.empty() ? SelfExe() : ssh.remote_binary;
   if (binary.empty() || binary.front() != '/') {
@@ -370,6 +372,7 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
     remote.config_name = config_name;
     remote.config_text = config_text;
     remote.worker_args = worker_args;
+    remote.program = args.program;
     remote.cwd = cwd;
     remote.kill_grace_s = kRemoteKillGraceS;
 

@@ -501,7 +501,9 @@ int RunLocal(const RunArgs& args) {
           args.num_processes);
   }
   // Check the config once here, so a mistake is reported once and not by every worker.
-  if (args.worker_command.empty()) LoadJobConfig(args.config_path, args.overrides);
+  if (args.worker_command.empty() && args.program.empty()) {
+    LoadJobConfig(args.config_path, args.overrides);
+  }
   if (!args.out_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(args.out_dir, ec);
@@ -523,7 +525,10 @@ int RunLocal(const RunArgs& args) {
   const std::string token = RandomToken();
 
   std::vector<std::string> argv = {exe};
-  if (!args.worker_command.empty()) {
+  if (!args.program.empty()) {
+    argv = args.program;
+    argv[0] = FindProgram(argv[0]);  // a missing program is one error here, not N from the ranks
+  } else if (!args.worker_command.empty()) {
     argv.insert(argv.end(), args.worker_command.begin(), args.worker_command.end());
   } else {
     argv.insert(argv.end(), {"worker", args.config_path});
@@ -556,8 +561,8 @@ int RunLocal(const RunArgs& args) {
     c.spec.env_defaults = kRankThreadDefaults;
     commands.push_back(std::move(c));
   }
-  PSGD_LOG_INFO("pipesgd run: starting {} workers (rendezvous {}:{})", args.num_processes,
-                args.master_addr, port);
+  PSGD_LOG_INFO("pipesgd run: starting {} {} (rendezvous {}:{})", args.num_processes,
+                args.program.empty() ? "workers" : "ranks of " + argv[0], args.master_addr, port);
   std::string defaulted;
   for (const auto& [var, value] : kRankThreadDefaults) {
     if (std::getenv(var.c_str()) == nullptr) {

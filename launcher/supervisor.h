@@ -40,6 +40,9 @@ struct RunArgs {
   std::vector<std::string> worker_command;
   // Appended to every `worker` command line built from config_path (e.g. --timeline FILE).
   std::vector<std::string> extra_worker_args;
+  // Non-empty: every rank runs this program (argv; argv[0] a path or a name on PATH) instead of
+  // a pipesgd worker, with the same environment, supervision and teardown (`run -- PROGRAM`).
+  std::vector<std::string> program;
 };
 
 // How one rank is started and stopped.

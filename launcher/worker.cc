@@ -42,6 +42,7 @@
 #include "launcher/worker_detail.h"
 #include "layers/model.h"
 #include "transport/factory.h"
+#include "transport/launch_env.h"
 #include "transport/ifname.h"
 #include "transport/message_io.h"
 #include "transport/rendezvous.h"
@@ -55,17 +56,6 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-long ParseIntVar(const char* name, const char* value, long lo, long hi, const char* expected) {
-  char* end = nullptr;
-  errno = 0;
-  long v = std::strtol(value, &end, 10);
-  if (errno != 0 || end == value || *end != '\0' || v < lo || v > hi) {
-    Throw(ErrorCode::kInvalidArgument, "environment variable {}='{}': expected {}", name, value,
-          expected);
-  }
-  return v;
-}
-
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
 // The GPU twin of the CPU model: the same layers (BuildCudaLayers), the same parameter layout.
 std::unique_ptr<cuda::CudaModel> BuildCudaModel(cuda::Context& ctx, const config::Model& spec,
@@ -73,12 +63,9 @@ std::unique_ptr<cuda::CudaModel> BuildCudaModel(cuda::Context& ctx, const config
   return std::make_unique<cuda::CudaModel>(ctx, BuildCudaLayers(spec), max_batch);
 }
 
-// model.gpu_index, or LOCAL_RANK (0 when unset) for -1.
-int GpuIndex(const config::Model& spec) {
-  if (spec.gpu_index() >= 0) return spec.gpu_index();
-  const char* local = std::getenv("LOCAL_RANK");
-  if (local == nullptr || *local == '\0') return 0;
-  return static_cast<int>(ParseIntVar("LOCAL_RANK", local, 0, 1023, "an integer in [0, 1023]"));
+// model.gpu_index, or the rank's local rank (LOCAL_RANK, SLURM_LOCALID, ...) for -1.
+int GpuIndex(const config::Model& spec, const JobEnv& env) {
+  return spec.gpu_index() >= 0 ? spec.gpu_index() : env.local_rank;
 }
 #endif
 
@@ -357,24 +344,18 @@ JobEnv ReadJobEnv() {
     char name[256] = {};
     env.host = gethostname(name, sizeof(name) - 1) == 0 ? name : "this host";
   }
-  const char* rank = std::getenv("RANK");
-  const char* world = std::getenv("WORLD_SIZE");
-  if (!rank && !world) return env;  // a single process
-  if (!rank || !world) {
-    Throw(ErrorCode::kInvalidArgument,
-          "environment: {} is set but {} is not; set both RANK and WORLD_SIZE (or neither, for "
-          "a single process)",
-          rank ? "RANK" : "WORLD_SIZE", rank ? "WORLD_SIZE" : "RANK");
-  }
-  env.world_size = static_cast<int>(
-      ParseIntVar("WORLD_SIZE", world, 1, 65536, "an integer in [1, 65536]"));
-  env.rank = static_cast<int>(ParseIntVar(
-      "RANK", rank, 0, env.world_size - 1,
-      fmt::format("an integer in [0, WORLD_SIZE={})", env.world_size).c_str()));
-  if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) env.master_addr = addr;
-  if (const char* port = std::getenv("MASTER_PORT"); port && *port) {
-    env.master_port = static_cast<uint16_t>(
-        ParseIntVar("MASTER_PORT", port, 1, 65535, "a TCP port in [1, 65535]"));
+  const transport::LaunchEnv launch = transport::ReadLaunchEnv();
+  if (launch.launcher == transport::Launcher::kNone) return env;  // a single process
+  env.launcher = launch.launcher;
+  env.rank = launch.rank;
+  env.world_size = launch.world_size;
+  env.local_rank = launch.local_rank;
+  env.master_addr = launch.master_addr;
+  env.master_port = launch.master_port;
+  if (launch.launcher != transport::Launcher::kEnv && env.rank == 0) {
+    PSGD_LOG_INFO("pipesgd worker: rank {} of {} from {}'s environment; rendezvous {}:{} ({})",
+                  env.rank, env.world_size, transport::ToString(launch.launcher),
+                  env.master_addr, env.master_port, launch.master_from);
   }
   if (env.world_size > 1) {
     env.relay = std::make_shared<transport::FailureRelay>(transport::RendezvousOptions{
@@ -527,13 +508,13 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
   std::unique_ptr<cuda::DeviceParams> gpu_params;
   std::unique_ptr<cuda::CudaClassifierTask> gpu_task;
   if (job.model().device() == config::Model::CUDA) {
-    const int index = GpuIndex(job.model());
+    const int index = GpuIndex(job.model(), env);
     try {
       gpu = std::make_unique<cuda::Context>(index);
     } catch (const Error& e) {
       throw e.Wrap(fmt::format("rank {}: model.device = CUDA (GPU index {} from {})", env.rank,
                                index, job.model().gpu_index() >= 0 ? "model.gpu_index"
-                                                                   : "LOCAL_RANK"));
+                                                                   : "the local rank"));
     }
     gpu_model = BuildCudaModel(*gpu, job.model(), max_batch);
     gpu_params = std::make_unique<cuda::DeviceParams>(*gpu, model->num_params());

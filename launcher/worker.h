@@ -11,6 +11,7 @@
 #include "core/base/deadline.h"
 #include "core/collective/ring_allreduce.h"
 #include "transport/failure_relay.h"
+#include "transport/launch_env.h"
 
 namespace pipesgd::launcher {
 
@@ -31,14 +32,17 @@ struct WorkerArgs {
   int64_t timeline_steps = 20;
 };
 
-// Where this rank sits in the job, from the environment variables torchrun and Horovod use:
-// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK, unused on the CPU). With neither
-// RANK nor WORLD_SIZE set the job is a single process. Plus pipesgd's own: PIPESGD_JOB_TOKEN
-// (the job's secret for the rendezvous; unset: unauthenticated) and PIPESGD_HOST (the host's
-// name in the launcher's host list, for messages; default: this machine's hostname).
+// Where this rank sits in the job, from its launcher's environment (transport/launch_env.h:
+// RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK as torchrun and `pipesgd run` set them,
+// Slurm's srun, Open MPI's mpirun). With none of them the job is a single process. Plus
+// pipesgd's own: PIPESGD_JOB_TOKEN (the job's secret for the rendezvous; unset:
+// unauthenticated) and PIPESGD_HOST (the host's name in the launcher's host list, for
+// messages; default: this machine's hostname).
 struct JobEnv {
+  transport::Launcher launcher = transport::Launcher::kNone;
   int rank = 0;
   int world_size = 1;
+  int local_rank = 0;  // picks the GPU when model.gpu_index is -1
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 29500;
   std::string job_token;

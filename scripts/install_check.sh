@@ -5,6 +5,7 @@
 #   allreduce_buffers    4 processes, exact integer sums on the program's own buffers
 #   train_least_squares  2 processes, width-2 Pipe-SGD on a caller-defined least-squares model,
 #                        max |w - w*| < 1e-3
+#   allreduce_buffers    again under `pipesgd run -np 4 -- PROGRAM` and `mpirun -np 4`
 #   BUILD_DIR=build scripts/install_check.sh      (default: build; configured and built if absent)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,4 +60,24 @@ run_ranks() {
 run_ranks allreduce_buffers 4 "$work/examples/allreduce_buffers"
 run_ranks allreduce_buffers_pkgconfig 4 "$work/allreduce_buffers_pc"
 run_ranks train_least_squares 2 "$work/examples/train_least_squares"
+
+# The same program under launchers that set other variables (transport/launch_env.h):
+# `pipesgd run -- PROGRAM` and, where Open MPI is installed, mpirun (OMPI_COMM_WORLD_*).
+launched() {
+  local name=$1
+  shift
+  if ! timeout 180 "$@" > "$work/$name.log" 2>&1; then
+    cat "$work/$name.log"
+    echo "install_check: $name FAILED: $*" >&2
+    return 1
+  fi
+  cat "$work/$name.log"
+  [[ $(grep -c " 0 wrong" "$work/$name.log") -eq 4 ]] || { echo "install_check: $name: not 4 exact ranks" >&2; return 1; }
+}
+launched pipesgd_run "$prefix/bin/pipesgd" run -np 4 -- "$work/examples/allreduce_buffers"
+if command -v mpirun > /dev/null; then
+  launched mpirun mpirun --allow-run-as-root --oversubscribe -np 4 "$work/examples/allreduce_buffers"
+else
+  echo "install_check: mpirun not installed (Debian openmpi-bin); the Open MPI run is skipped"
+fi
 echo "install_check: OK (examples built against $prefix, exact results)"

@@ -24,8 +24,10 @@ PACKAGES=(
   dataset-fashion-mnist
   # tests and benchmarks: process tools, network namespaces and shaping, link measurement
   procps iproute2 iperf3
-  # cluster tests: key-only sshd in every lab node (scripts/lab sshd) and the ssh client
+  # cluster tests: key-only sshd in every lab node (scripts/lab sshd) and the ssh client;
+  # Slurm (slurmctld, a slurmd per lab node, srun/sbatch, munge) for the launcher tests
   openssh-server openssh-client
+  slurmctld slurmd slurm-client munge
   # fuzzing (scripts/fuzz.sh): clang and its libFuzzer runtime
   clang libclang-rt-14-dev
   # benchmarks: peer libraries measured side by side (bench/peers/), plots of the results

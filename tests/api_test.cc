@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipesgd/pipesgd.h"
@@ -93,6 +95,28 @@ std::string TrainCallersModel(const RankContext& ctx) {
   std::vector<float> w = {0, 0, 0};
   auto losses = Train(*comm, objective, sgd, w, 60, 2, 30);
   return testing::PackFloats(w.data(), w.size()) + testing::PackFloats(losses.data(), losses.size());
+}
+
+// The launcher's environment as ConnectOptions: Open MPI's variables across nodes give rank 0's
+// address (mpirun's host), so bind_host is left to the route toward it; the token is taken.
+TEST(ApiConnect, OptionsFromTheLaunchersEnvironment) {
+  const std::vector<std::pair<const char*, const char*>> vars = {
+      {"OMPI_COMM_WORLD_RANK", "1"},
+      {"OMPI_COMM_WORLD_SIZE", "2"},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+      {"OMPI_MCA_orte_hnp_uri", "7.0;tcp://10.1.2.3:4000"},
+      {"PIPESGD_JOB_TOKEN", "t0ken"}};
+  for (const auto& [k, v] : vars) setenv(k, v, 1);
+  const pipesgd::ConnectOptions o = pipesgd::ConnectOptionsFromEnv();
+  for (const auto& [k, v] : vars) unsetenv(k);
+  EXPECT_EQ(o.rank, 1);
+  EXPECT_EQ(o.world_size, 2);
+  EXPECT_EQ(o.master_addr, "10.1.2.3");
+  EXPECT_EQ(o.bind_host, "");
+  EXPECT_EQ(o.token, "t0ken");
+  const pipesgd::ConnectOptions alone = pipesgd::ConnectOptionsFromEnv();
+  EXPECT_EQ(alone.world_size, 1);
+  EXPECT_EQ(alone.bind_host, "127.0.0.1");
 }
 
 TEST(ApiTrainer, CallersModelConvergesWithWidthTwo) {

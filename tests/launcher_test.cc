@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -305,6 +306,116 @@ TEST(Run, AStoppedRankIsTheOneTheLauncherNames) {
               std::string::npos)
         << r.err;
   }
+}
+
+
+// --- `pipesgd run -- PROGRAM`: any program, torchrun's environment ------------------------
+
+// Prints what a rank was given; "$0 $1" are the program's own arguments, which must reach it
+// untouched (the launcher rewrites -np in its own arguments only).
+const std::vector<std::string> kShowEnv = {
+    "sh", "-c",
+    "echo \"r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK lw=$LOCAL_WORLD_SIZE m=$MASTER_ADDR "
+    "p=${MASTER_PORT:+set} t=${#PIPESGD_JOB_TOKEN} o=$OPENBLAS_NUM_THREADS args=$0,$1\"",
+    "-np", "--set"};
+
+TEST(RunProgram, EveryRankGetsItsPlaceAndTheJobToken) {
+  const auto r = RunCommand(Args({kBinary, "run", "-np", "3", "--"}, kShowEnv), {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_NE(r.out.find(fmt::format("[rank {}] r={} w=3 l={} lw=3 m=127.0.0.1 p=set t=32 o=1 "
+                                     "args=-np,--set\n",
+                                     rank, rank, rank)),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_NE(r.out.find("pipesgd run: starting 3 ranks of /"), std::string::npos) << r.out;
+}
+
+TEST(RunProgram, AnExecutableInPlaceOfTheConfigIsRunToo) {
+  TempDir dir;
+  const std::string script = dir.File("rank.sh", "#!/bin/sh\necho \"rank $RANK of $WORLD_SIZE\"\n");
+  fs::permissions(script, fs::perms::owner_all);
+  const auto r = RunCommand({kBinary, "run", "-np", "2", script}, {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 1] rank 1 of 2\n"), std::string::npos) << r.out;
+}
+
+TEST(RunProgram, AFailingRankStopsTheOthersAndItsStatusIsTheJobs) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = RunCommand({kBinary, "run", "-np", "3", "--", "sh", "-c",
+                             "if [ \"$RANK\" = 1 ]; then echo bad >&2; exit 7; fi; sleep 60"},
+                            {}, 60);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+  EXPECT_LT(s, 20) << "the sleeping ranks were not stopped";
+  EXPECT_NE(r.err.find("[rank 1] bad"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("pipesgd run: failed: rank 1 (pid "), std::string::npos) << r.err;
+}
+
+TEST(RunProgram, UsageErrorsNameWhatIsWrong) {
+  auto r = RunCommand({kBinary, "run", "-np", "2", "--"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("nothing after --"), std::string::npos) << r.err;
+  r = RunCommand({kBinary, "run", "-np", "2", "--set", "train.epochs=1", "--", "true"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--set applies to a pipesgd job config, not to a program (true)"),
+            std::string::npos)
+      << r.err;
+  r = RunCommand({kBinary, "run", "-np", "2", kConfig, "--", "true"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("both a config"), std::string::npos) << r.err;
+  r = RunCommand({kBinary, "run", "-np", "2", "--", "pipesgd-no-such-program"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("program pipesgd-no-such-program: not found on PATH"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("[rank"), std::string::npos) << "a rank started: " << r.out;
+  r = RunCommand({kBinary, "run", "-np", "2", "--", "./pipesgd-no-such-file"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("program ./pipesgd-no-such-file: no such file"), std::string::npos)
+      << r.err;
+}
+
+TEST(RunProgram, OverSshEveryRankGetsItsPlace) {
+  const auto r = RunCommand(
+      Args({kBinary, "run", "-H", "a:2,b", "--ssh-program", kFakeSsh, "--"}, kShowEnv), {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 1] r=1 w=3 l=1 lw=2 m=127.0.0.1 p=set t=32 o=1 args=-np,--set\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[rank 2] r=2 w=3 l=0 lw=1 m=127.0.0.1 p=set t=32 o=1 args=-np,--set\n"),
+            std::string::npos)
+      << r.out;
+}
+
+// --- a rank's place from Slurm's and Open MPI's environments -------------------------------
+
+// `pipesgd worker` started as srun starts tasks: no RANK, WORLD_SIZE or MASTER_ADDR (the real
+// srun and mpirun across lab nodes are the cluster tier's, tests/cluster/launchers_test.sh).
+TEST(LaunchEnvironment, WorkersTakeTheirPlaceFromSlurmVariables) {
+  const int port = testing::FreePort();
+  const auto run = [&](int rank) {
+    return RunCommand(Args({kBinary, "worker", kConfig, "--set", "train.max_steps=20"}, kShort),
+                      {{"SLURM_JOB_ID", "42"},
+                       {"SLURM_PROCID", std::to_string(rank)},
+                       {"SLURM_LOCALID", std::to_string(rank)},
+                       {"SLURM_STEP_NUM_TASKS", "2"},
+                       {"SLURM_STEP_NODELIST", "localhost"},
+                       {"MASTER_PORT", std::to_string(port)}},
+                      60);
+  };
+  auto other = std::async(std::launch::async, run, 1);
+  const auto lead = run(0);
+  const auto second = other.get();
+  ASSERT_EQ(lead.exit_code, 0) << lead.err;
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(lead.out.find(fmt::format("rank 0 of 2 from Slurm's environment; rendezvous "
+                                      "localhost:{} (the first host of "
+                                      "SLURM_STEP_NODELIST=localhost)",
+                                      port)),
+            std::string::npos)
+      << lead.out;
+  EXPECT_NE(FinalAccuracy(lead.out), "none") << lead.out;
 }
 
 }  // namespace

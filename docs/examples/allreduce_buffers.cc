@@ -9,11 +9,12 @@
 #include <exception>
 #include <vector>
 
-#include "rank_env.h"
+#include <pipesgd/pipesgd.h>
 
 int main() {
   try {
-    pipesgd::ConnectOptions options = ConnectFromEnv();
+    // Rank, world size and rendezvous from pipesgd run, torchrun, srun or mpirun.
+    pipesgd::ConnectOptions options = pipesgd::ConnectOptionsFromEnv();
     options.chunk_bytes = 256 << 10;            // 256 KiB chunks
     options.codec = pipesgd::CodecKind::kFp16;  // used only by calls with compress = true
     auto comm = pipesgd::Connect(options);

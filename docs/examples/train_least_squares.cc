@@ -11,7 +11,7 @@
 #include <exception>
 #include <vector>
 
-#include "rank_env.h"
+#include <pipesgd/pipesgd.h>
 
 namespace {
 
@@ -36,7 +36,8 @@ std::vector<float> Rows(int begin, int end) {
 
 int main() {
   try {
-    auto comm = pipesgd::Connect(ConnectFromEnv());
+    // Rank, world size and rendezvous from pipesgd run, torchrun, srun or mpirun.
+    auto comm = pipesgd::Connect(pipesgd::ConnectOptionsFromEnv());
     const int w = comm->world_size(), r = comm->rank();
     const int n = 512, begin = n * r / w, end = n * (r + 1) / w, rows = end - begin;
     const std::vector<float> x = Rows(begin, end);

@@ -78,6 +78,15 @@ struct ConnectOptions {
   double timeout_s = 60;
 };
 
+// ConnectOptions for this process from its launcher's environment (transport/launch_env.h):
+// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun and `pipesgd run` set them, or Slurm's
+// srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS, the step's first node), or Open MPI's mpirun
+// (OMPI_COMM_WORLD_RANK, _SIZE, mpirun's host); PIPESGD_JOB_TOKEN as the token. With none of
+// them, a single process (rank 0 of 1). bind_host is "" (the address toward the master) unless
+// the master is on loopback. The other fields keep their defaults. Throws
+// Error(kInvalidArgument) naming a variable whose value does not parse.
+ConnectOptions ConnectOptionsFromEnv();
+
 // Creates the transport, runs the rendezvous and connects this rank to its ring neighbours.
 // Blocks until every rank has arrived or options.timeout_s has passed.
 // Throws Error: kInvalidArgument (bad rank/world size/chunk_bytes/streams, a transport not in
