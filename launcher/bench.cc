@@ -1,5 +1,6 @@
 #include "launcher/bench.h"
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cctype>
@@ -7,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <span>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -68,10 +71,40 @@ uint64_t ParseBytes(const std::string& text) {
   return static_cast<uint64_t>(value * scale);
 }
 
+void CheckAllReduceBenchArgs(const AllReduceBenchArgs& a) {
+  const auto bad = [](const std::string& what) {
+    Throw(ErrorCode::kInvalidArgument, "bench allreduce: {}", what);
+  };
+  if (a.min_bytes > a.max_bytes) {
+    bad(fmt::format("-b {} is larger than -e {}: expected -b <= -e", a.min_bytes, a.max_bytes));
+  }
+  if (!(a.factor > 1)) bad(fmt::format("-f {}: expected a factor > 1", a.factor));
+  if (a.iters < 1) bad(fmt::format("-n {}: expected >= 1 iterations", a.iters));
+  if (a.warmup < 0) bad(fmt::format("-w {}: expected >= 0 warm-up iterations", a.warmup));
+  if (a.check < 0) bad(fmt::format("-c {}: expected 0 (no check) or a number of checks", a.check));
+  if (a.gpus != 1) {
+    bad(fmt::format("-g {}: pipesgd drives one device per rank, expected -g 1 (start more ranks "
+                    "with --np or your launcher)",
+                    a.gpus));
+  }
+  if (a.datatype != "float") {
+    bad(fmt::format("-d {}: expected float (the ring reduces float32)", a.datatype));
+  }
+  if (a.op != "sum" && a.op != "avg") bad(fmt::format("-o {}: expected sum or avg", a.op));
+  if (a.average < 0 || a.average > 3) {
+    bad(fmt::format("-a {}: expected 0 (rank 0), 1 (mean), 2 (min) or 3 (max)", a.average));
+  }
+}
+
 std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a) {
   std::vector<std::string> cmd = {"bench", "allreduce", "-b", std::to_string(a.min_bytes),
-                                  "-e", std::to_string(a.max_bytes), "-f", fmt::format("{}", a.factor),
+                                  "-e", std::to_string(a.max_bytes),
+                                  a.step_bytes > 0 ? "-i" : "-f",
+                                  a.step_bytes > 0 ? std::to_string(a.step_bytes)
+                                                   : fmt::format("{}", a.factor),
                                   "-n", std::to_string(a.iters), "-w", std::to_string(a.warmup),
+                                  "-c", std::to_string(a.check), "-g", std::to_string(a.gpus),
+                                  "-d", a.datatype, "-o", a.op, "-a", std::to_string(a.average),
                                   "--chunk-bytes", std::to_string(a.chunk_bytes),
                                   "--streams", std::to_string(a.streams),
                                   "--compression", a.compression,
@@ -86,7 +119,6 @@ std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a
     cmd.push_back("--ib-device");
     cmd.push_back(a.ib_device);
   }
-  if (a.check) cmd.push_back("-c");
   if (a.link_gbps > 0) {
     cmd.push_back("--link-gbps");
     cmd.push_back(fmt::format("{}", a.link_gbps));
@@ -98,13 +130,9 @@ std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a
   return cmd;
 }
 
-void RunAllReduceBench(const AllReduceBenchArgs& args) {
-  if (args.min_bytes > args.max_bytes || args.factor <= 1 || args.iters < 1 || args.warmup < 0) {
-    Throw(ErrorCode::kInvalidArgument,
-          "bench allreduce: expected -b <= -e, -f > 1, -n >= 1, -w >= 0 (got -b {} -e {} -f {} "
-          "-n {} -w {})",
-          args.min_bytes, args.max_bytes, args.factor, args.iters, args.warmup);
-  }
+int64_t RunAllReduceBench(const AllReduceBenchArgs& args) {
+  CheckAllReduceBenchArgs(args);
+  const ReduceOp op = args.op == "avg" ? ReduceOp::kAverage : ReduceOp::kSum;
   const JobEnv env = ReadJobEnv();
   const int n = env.world_size;
   collective::CommunicatorOptions options;
@@ -144,21 +172,34 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   if (lead) {
     const std::string chunk = args.chunk_bytes == 0 ? std::string("auto")
                                                     : fmt::format("{} B", args.chunk_bytes);
+    // nccl-tests' first line, with the values that apply here.
+    std::printf("# nThread 1 nGpus 1 minBytes %llu maxBytes %llu step: %s warmup iters: %d "
+                "iters: %d agg iters: 1 validation: %d graph: 0\n#\n",
+                static_cast<unsigned long long>(args.min_bytes),
+                static_cast<unsigned long long>(args.max_bytes),
+                args.step_bytes > 0 ? fmt::format("{}(bytes)", args.step_bytes).c_str()
+                                    : fmt::format("{}(factor)", args.factor).c_str(),
+                args.warmup, args.iters, args.check > 0 ? 1 : 0);
+    static const char* const kAverages[] = {"rank 0's", "the mean over ranks", "the minimum over ranks",
+                                            "the maximum over ranks"};
     std::printf("# pipesgd bench allreduce: %d ranks, %s x %d stream(s) per neighbour, chunk %s, "
-                "compression %s, %d iterations after %d warm-up, times are means over ranks\n",
+                "compression %s; time is %s\n#\n",
                 n, comm->transport().Describe().c_str(), args.streams, chunk.c_str(),
-                args.compression.c_str(), args.iters, args.warmup);
+                args.compression.c_str(), kAverages[args.average]);
     if (compressed) {
-      std::printf("# sizes, algbw and busbw count float32 bytes; 'none(us)' is the same in-place "
-                  "call uncompressed, 'speedup' = none(us) / in-place time(us)\n");
+      std::printf("# sizes, algbw and busbw count float32 bytes; 'none' is the same in-place "
+                  "call uncompressed (us), 'speedup' = none / in-place time\n");
     }
-    std::printf("#%63s%s\n", "out-of-place", "                          in-place");
-    std::printf("# %10s %12s %6s %6s %9s %7s %7s %6s %s %9s %7s %7s %6s %s%s\n", "size(B)", "count",
-                "type", "redop", "time(us)", "algbw", "busbw", "#wrong",
-                args.link_gbps > 0 ? "%link" : "", "time(us)", "algbw", "busbw", "#wrong",
-                args.link_gbps > 0 ? "%link" : "", compressed ? "  none(us) speedup" : "");
-    std::printf("# %10s %12s %6s %6s %9s %7s %7s %6s %s %9s %7s %7s\n", "", "(elements)", "", "",
-                "", "(GB/s)", "(GB/s)", "", args.link_gbps > 0 ? "     " : "", "", "(GB/s)", "(GB/s)");
+    const char* link = args.link_gbps > 0 ? "  %link" : "";
+    const char* extra = compressed ? "     none  speedup" : "";
+    std::printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
+                "in-place          \n", "", "", "", "", "");
+    std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s%s%s%s\n",
+                "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                "time", "algbw", "busbw", "#wrong", link, link, extra);
+    std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)",
+                "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+                "(GB/s)", "");
   }
 
   nlohmann::json rows = nlohmann::json::array();
@@ -170,8 +211,13 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
   // Timings and counts travel uncompressed: a codec would round them (trunc16 keeps 8 bits).
   collective::AllReduceOptions kExact;
   kExact.compress = false;
+  int64_t out_of_bounds = 0;
+  const auto next_size = [&](double size) {
+    return args.step_bytes > 0 ? size + static_cast<double>(args.step_bytes)
+                               : std::max(size * args.factor, size + 4);
+  };
   for (double size = static_cast<double>(args.min_bytes); size <= args.max_bytes * 1.0000001;
-       size = std::max(size * args.factor, size + 4)) {
+       size = next_size(size)) {
     const uint64_t count = static_cast<uint64_t>(size) / sizeof(float);
     const uint64_t bytes = count * sizeof(float);
     input_region.reset();
@@ -193,10 +239,10 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
       };
       auto once = [&] {
         if (in_place) {
-          comm->AllReduce(input, ReduceOp::kSum, deadline(), nullptr, call);
+          comm->AllReduce(input, op, deadline(), nullptr, call);
         } else {
           std::memcpy(output.data(), input.data(), bytes);
-          comm->AllReduce(output, ReduceOp::kSum, deadline(), nullptr, call);
+          comm->AllReduce(output, op, deadline(), nullptr, call);
         }
       };
       refill();
@@ -210,16 +256,23 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
 
       double wrong = 0, differs = 0;
       uint64_t hash = 0;
-      if (args.check) {
+      // The exact result: integer sums below 2^24, and for avg that sum divided by n in float,
+      // as the ring divides.
+      const auto expected = [&](uint64_t i) {
+        const float sum = Expected(n, i);
+        return op == ReduceOp::kAverage ? sum / static_cast<float>(n) : sum;
+      };
+      for (int check = 0; check < args.check; ++check) {
         refill();
         once();
         const std::vector<float>& result = in_place ? input : output;
         if (codec && call.compress) {
           // Every partial sum lies in [0, M]; N encodes of at most the bound each.
           const double m = Expected(n, 96);
-          const double bound = n * codec->ErrorBound(m, 0, m);
+          const double bound =
+              n * codec->ErrorBound(m, 0, m) / (op == ReduceOp::kAverage ? n : 1);
           for (uint64_t i = 0; i < count; ++i) {
-            wrong += std::fabs(static_cast<double>(result[i]) - Expected(n, i)) > bound;
+            wrong += std::fabs(static_cast<double>(result[i]) - expected(i)) > bound;
           }
           // The codecs are deterministic (no stochastic rounding here): in place must give
           // bitwise what out of place gave.
@@ -232,27 +285,37 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
             }
           }
         } else {
-          for (uint64_t i = 0; i < count; ++i) wrong += result[i] != Expected(n, i);
+          for (uint64_t i = 0; i < count; ++i) wrong += result[i] != expected(i);
         }
         hash = Fnv1a(result);
       }
-      // Mean time over ranks; wrong elements summed over ranks (exact below 2^24); for the
-      // result's hash, per byte b the sums of b and b^2 (exact): the ranks hold the same bits iff
-      // n * sum(b^2) == sum(b)^2 for every byte.
-      float stats[4 + 16] = {static_cast<float>(seconds), static_cast<float>(wrong),
-                             static_cast<float>(differs), 0};
+      // Per rank its time (slot 20 + rank); summed over ranks: wrong elements (exact below
+      // 2^24) and, for the result's hash, per byte b the sums of b and b^2 (exact): the ranks
+      // hold the same bits iff n * sum(b^2) == sum(b)^2 for every byte.
+      std::vector<float> stats(20 + n, 0.0f);
+      stats[0] = static_cast<float>(wrong);
+      stats[1] = static_cast<float>(differs);
       for (int k = 0; k < 8; ++k) {
         const float b = static_cast<float>((hash >> (8 * k)) & 0xff);
         stats[4 + 2 * k] = b;
         stats[5 + 2 * k] = b * b;
       }
+      stats[20 + env.rank] = static_cast<float>(seconds);
       comm->AllReduce(std::span<float>(stats), ReduceOp::kSum, deadline(), nullptr, kExact);
+      const std::span<const float> times(stats.data() + 20, static_cast<size_t>(n));
+      double t = 0;
+      switch (args.average) {
+        case 0: t = times[0]; break;
+        case 1: for (float x : times) t += x / n; break;
+        case 2: t = *std::min_element(times.begin(), times.end()); break;
+        default: t = *std::max_element(times.begin(), times.end()); break;
+      }
       Result& r = results[pass];
-      r.time_us = stats[0] / n * 1e6;
+      r.time_us = t * 1e6;
       r.algbw = r.time_us > 0 ? bytes / (r.time_us * 1e-6) / 1e9 : 0;
       r.busbw = r.algbw * bus_factor;
-      r.wrong = args.check ? static_cast<int64_t>(stats[1]) : -1;
-      r.differs_from_out_of_place = args.check ? static_cast<int64_t>(stats[2]) : -1;
+      r.wrong = args.check > 0 ? static_cast<int64_t>(stats[0]) : -1;
+      r.differs_from_out_of_place = args.check > 0 ? static_cast<int64_t>(stats[1]) : -1;
       bool same = true;
       for (int k = 0; k < 8; ++k) {
         const double sum = stats[4 + 2 * k], sum_sq = stats[5 + 2 * k];
@@ -260,29 +323,34 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
       }
       r.ranks_agree = same;
       // A bit mismatch between ranks or between in place and out of place is wrong too.
-      if (args.check) r.wrong += r.differs_from_out_of_place + (same ? 0 : 1);
+      if (args.check > 0) r.wrong += r.differs_from_out_of_place + (same ? 0 : 1);
       if (pass < 2) {
         busbw_total += r.busbw;
         ++busbw_count;
+        out_of_bounds += std::max<int64_t>(r.wrong, 0);
       }
     }
     if (lead) {
+      // all_reduce_perf's columns and widths: %12 size, %12 count, %8 type, %6 redop, %6 root,
+      // then per pass %7 time (one decimal below 10 ms), %6.2f algbw and busbw, %6 #wrong.
+      const auto pass_columns = [](const Result& r) {
+        const std::string time = r.time_us < 1e4 ? fmt::format("{:7.1f}", r.time_us)
+                                                 : fmt::format("{:7.0f}", r.time_us);
+        return fmt::format("  {}  {:6.2f}  {:6.2f}  {:>6}", time, r.algbw, r.busbw,
+                           r.wrong < 0 ? std::string("N/A") : std::to_string(r.wrong));
+      };
       auto link = [&](const Result& r) {
-        return args.link_gbps > 0 ? fmt::format(" {:5.1f}", 100.0 * r.busbw * 8 / args.link_gbps)
+        return args.link_gbps > 0 ? fmt::format("  {:5.1f}", 100.0 * r.busbw * 8 / args.link_gbps)
                                   : std::string();
       };
-      auto wrong = [&](const Result& r) {
-        return r.wrong < 0 ? std::string("N/A") : std::to_string(r.wrong);
-      };
       const std::string speedup =
-          compressed ? fmt::format(" {:9.1f} {:7.2f}", results[2].time_us,
+          compressed ? fmt::format("  {:7.1f}  {:7.2f}", results[2].time_us,
                                    results[1].time_us > 0 ? results[2].time_us / results[1].time_us : 0.0)
                      : std::string();
-      std::printf("  %10llu %12llu %6s %6s %9.1f %7.3f %7.3f %6s%s %9.1f %7.3f %7.3f %6s%s%s\n",
+      std::printf("%12llu  %12llu  %8s  %6s  %6d%s%s%s%s%s\n",
                   static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
-                  "float", "sum", results[0].time_us, results[0].algbw, results[0].busbw,
-                  wrong(results[0]).c_str(), link(results[0]).c_str(), results[1].time_us,
-                  results[1].algbw, results[1].busbw, wrong(results[1]).c_str(),
+                  "float", args.op.c_str(), -1, pass_columns(results[0]).c_str(),
+                  pass_columns(results[1]).c_str(), link(results[0]).c_str(),
                   link(results[1]).c_str(), speedup.c_str());
       std::fflush(stdout);
       auto as_json = [&](const Result& r) {
@@ -298,7 +366,7 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
         return j;
       };
       nlohmann::json row = {{"size_bytes", bytes}, {"count", count}, {"type", "float"},
-                            {"redop", "sum"}, {"ranks", n}, {"compression", args.compression},
+                            {"redop", args.op}, {"ranks", n}, {"compression", args.compression},
                             {"transport", comm->transport().name()}, {"streams", args.streams},
                             {"out_of_place", as_json(results[0])},
                             {"in_place", as_json(results[1])}};
@@ -312,7 +380,11 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
     if (count == 0 && args.max_bytes == 0) break;
   }
   if (lead) {
-    std::printf("# Avg bus bandwidth    : %.3f GB/s\n", busbw_count ? busbw_total / busbw_count : 0.0);
+    std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(out_of_bounds),
+                out_of_bounds == 0 ? "OK" : "FAILED");
+    std::printf("# Avg bus bandwidth    : %g\n#\n",
+                busbw_count ? busbw_total / busbw_count : 0.0);
+    std::fflush(stdout);
     if (!args.json_path.empty()) {
       std::ofstream out(args.json_path, std::ios::trunc);
       out << rows.dump(2) << "\n";
@@ -320,6 +392,7 @@ void RunAllReduceBench(const AllReduceBenchArgs& args) {
     }
   }
   if (env.relay) env.relay->Goodbye();  // a normal end (transport/failure_relay.h)
+  return out_of_bounds;
 }
 
 }  // namespace pipesgd::launcher

@@ -1,5 +1,6 @@
-// `pipesgd bench allreduce`: AllReduce bandwidth in the nccl-tests convention (all_reduce_perf),
-// so numbers compare with what users already read:
+// `pipesgd bench allreduce`: AllReduce bandwidth in the nccl-tests convention (all_reduce_perf:
+// its flags, columns and footer, so its parsers read ours), so numbers compare with what users
+// already read:
 //   algbw = S / t            (S bytes reduced, t seconds per call)
 //   busbw = algbw * 2(n-1)/n (the bytes each rank really moves over its link, per second)
 // in GB/s (10^9 bytes). Out-of-place (input copied to a separate output, then reduced in place:
@@ -13,13 +14,22 @@
 
 namespace pipesgd::launcher {
 
+// Flags as all_reduce_perf's where both have them (-b -e -f -i -g -n -w -c -d -o -a).
 struct AllReduceBenchArgs {
   uint64_t min_bytes = 4096;          // -b
   uint64_t max_bytes = 64ull << 20;   // -e
   double factor = 2;                  // -f
+  uint64_t step_bytes = 0;            // -i: a fixed increment instead of -f (0 = use -f)
   int iters = 20;                     // -n
   int warmup = 5;                     // -w
-  bool check = false;                 // -c: verify exact sums, count wrong elements
+  // -c N: N iterations per size whose results are checked (exact sums, or within a codec's
+  // bound), counted in #wrong; 0 = no check (#wrong N/A). nccl-tests' default, 1.
+  int check = 1;
+  int gpus = 1;                       // -g: devices per rank; one rank drives one, so 1
+  std::string datatype = "float";     // -d: float (the ring reduces float32)
+  std::string op = "sum";             // -o: sum or avg
+  // -a: the time reported for a size, over the ranks: 0 rank 0's, 1 the mean, 2 min, 3 max.
+  int average = 1;
   double link_gbps = 0;               // --link-gbps: link rate in Gbit/s (0 = not shown)
   std::string json_path;              // --json: the same rows as JSON
   uint64_t chunk_bytes = 1 << 20;     // --chunk-bytes (0 = auto)
@@ -40,9 +50,15 @@ struct AllReduceBenchArgs {
 // "4K", "64M", "1G", "1048576" -> bytes. Throws Error kInvalidArgument naming the text.
 uint64_t ParseBytes(const std::string& text);
 
-// Runs one rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment); rank 0
-// prints the table. Throws pipesgd::Error on failure.
-void RunAllReduceBench(const AllReduceBenchArgs& args);
+// Throws Error kInvalidArgument naming the flag and its value for arguments no rank could run
+// (-b > -e, -f <= 1, -g 8, -d half, ...): called before any rank starts.
+void CheckAllReduceBenchArgs(const AllReduceBenchArgs& args);
+
+// Runs one rank (its place from the launcher's environment, transport/launch_env.h); rank 0
+// prints the table in all_reduce_perf's layout (its 13 columns first, then ours), ending with
+// "# Out of bounds values : N OK|FAILED" and "# Avg bus bandwidth    : X". Returns the number
+// of wrong elements (0 when not checked). Throws pipesgd::Error on failure.
+int64_t RunAllReduceBench(const AllReduceBenchArgs& args);
 
 // The command line that makes each worker of `pipesgd bench allreduce --np N` run one rank.
 std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& args);

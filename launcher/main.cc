@@ -53,6 +53,16 @@ int main(int argc, char** argv) {
   for (auto& a : args) {
     if (a == "-np") a = "--np";
   }
+  // `bench allreduce -c` alone, as pipesgd once took it: -c 1 (all_reduce_perf's -c takes a count).
+  if (args.size() > 1 && args[1] == "bench") {
+    for (size_t i = 2; i < args.size(); ++i) {
+      const bool count_follows = i + 1 < args.size() && !args[i + 1].empty() &&
+                                 args[i + 1].find_first_not_of("0123456789") == std::string::npos;
+      if ((args[i] == "-c" || args[i] == "--check") && !count_follows) {
+        args.insert(args.begin() + static_cast<long>(i) + 1, "1");
+      }
+    }
+  }
   std::vector<char*> cargs;
   for (auto& a : args) cargs.push_back(a.data());
 
@@ -197,12 +207,28 @@ int main(int argc, char** argv) {
   bench_ar->add_option("-b,--minbytes", min_bytes, "Smallest size in bytes (K, M, G suffixes)")
       ->capture_default_str();
   bench_ar->add_option("-e,--maxbytes", max_bytes, "Largest size in bytes")->capture_default_str();
-  bench_ar->add_option("-f,--stepfactor", bench.factor, "Size multiplier between rows")
-      ->capture_default_str();
+  auto* factor_opt = bench_ar->add_option("-f,--stepfactor", bench.factor,
+                                          "Size multiplier between rows")
+                         ->capture_default_str();
+  std::string step_bytes;
+  bench_ar->add_option("-i,--stepbytes", step_bytes,
+                       "Fixed increment between sizes instead of -f (K, M, G suffixes)")
+      ->excludes(factor_opt);
   bench_ar->add_option("-n,--iters", bench.iters, "Timed iterations per size")->capture_default_str();
   bench_ar->add_option("-w,--warmup_iters", bench.warmup, "Untimed iterations per size")
       ->capture_default_str();
-  bench_ar->add_flag("-c,--check", bench.check, "Verify exact sums; count wrong elements");
+  bench_ar->add_option("-c,--check", bench.check,
+                       "Checked iterations per size: exact sums (within the codec's bound with "
+                       "--compression), wrong elements counted; 0 = no check")
+      ->capture_default_str();
+  bench_ar->add_option("-g,--ngpus", bench.gpus, "Devices per rank (1: one rank drives one)")
+      ->capture_default_str();
+  bench_ar->add_option("-d,--datatype", bench.datatype, "Element type (float)")
+      ->capture_default_str();
+  bench_ar->add_option("-o,--op", bench.op, "Reduction: sum or avg")->capture_default_str();
+  bench_ar->add_option("-a,--average", bench.average,
+                       "Time reported over the ranks: 0 rank 0, 1 mean, 2 min, 3 max")
+      ->capture_default_str();
   bench_ar->add_option("--link-gbps", bench.link_gbps,
                        "Link rate in Gbit/s: also print busbw as a share of it");
   bench_ar->add_option("--json", bench.json_path, "Write the rows as JSON to this file");
@@ -405,16 +431,21 @@ int main(int argc, char** argv) {
     }
     if (*bench_cmd) {
       pipesgd::InitLogging(false);
+      // Log lines are comments among the table, as nccl-tests prints its own.
+      pipesgd::SetLogLinePrefix("# ");
       bench.min_bytes = pipesgd::launcher::ParseBytes(min_bytes);
       bench.max_bytes = pipesgd::launcher::ParseBytes(max_bytes);
+      if (!step_bytes.empty()) bench.step_bytes = pipesgd::launcher::ParseBytes(step_bytes);
       bench.chunk_bytes = chunk_bytes == "auto" ? 0 : pipesgd::launcher::ParseBytes(chunk_bytes);
+      pipesgd::launcher::CheckAllReduceBenchArgs(bench);  // before any rank starts
       if (bench_np > 0) {
         bench_run.num_processes = bench_np;
         bench_run.worker_command = pipesgd::launcher::AllReduceBenchWorkerCommand(bench);
+        bench_run.prefix_stdout = false;  // the table as all_reduce_perf prints it
         return pipesgd::launcher::RunLocal(bench_run);
       }
-      pipesgd::launcher::RunAllReduceBench(bench);
-      return 0;
+      // As all_reduce_perf: a wrong element fails the run.
+      return pipesgd::launcher::RunAllReduceBench(bench) == 0 ? 0 : 1;
     }
     if (*probe_cmd) {
       pipesgd::InitLogging(false);

@@ -428,7 +428,8 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
       const int sink = which == 1 ? STDOUT_FILENO : STDERR_FILENO;
       const int file = which == 1 ? r.out_file : r.err_file;
       const std::string prefix =
-          options.host_in_prefix && !r.command.host.empty()
+          which == 1 && !options.prefix_stdout ? std::string()
+          : options.host_in_prefix && !r.command.host.empty()
               ? fmt::format("[rank {} {}] ", r.command.rank, r.command.host)
               : fmt::format("[rank {}] ", r.command.rank);
       bool written = true;
@@ -577,6 +578,7 @@ int RunLocal(const RunArgs& args) {
   SuperviseOptions options;
   options.kill_grace_s = args.kill_grace_s;
   options.output_dir = args.output_dir;
+  options.prefix_stdout = args.prefix_stdout;
   return Supervise(std::move(commands), options);
 }
 

@@ -38,6 +38,7 @@ struct RunArgs {
   // What each worker runs (arguments after the program name). Empty: `worker CONFIG --set ...
   // --out ...` from the fields above, with the config checked once before starting.
   std::vector<std::string> worker_command;
+  bool prefix_stdout = true;  // as SuperviseOptions::prefix_stdout
   // Appended to every `worker` command line built from config_path (e.g. --timeline FILE).
   std::vector<std::string> extra_worker_args;
   // Non-empty: every rank runs this program (argv; argv[0] a path or a name on PATH) instead of
@@ -64,6 +65,9 @@ struct SuperviseOptions {
   // Exit statuses come through ssh: 255 is ssh's own failure, 128+N a remote death by signal N.
   bool remote = false;
   bool host_in_prefix = false;  // "[rank R HOST] " instead of "[rank R] "
+  // False: stdout lines pass unprefixed (a benchmark's table, read by nccl-tests parsers);
+  // stderr lines keep the prefix.
+  bool prefix_stdout = true;
   std::string output_dir;       // as RunArgs::output_dir
   // After the first rank fails on its own, how long to keep listening before stopping the
   // others, so that a rank killed by a signal is named rather than a neighbour that failed

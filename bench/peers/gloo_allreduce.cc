@@ -1,5 +1,6 @@
 // Gloo's AllReduce (gloo::allreduce, the ring PyTorch's gloo backend uses) over TCP, timed like
-// `pipesgd bench allreduce` and printed in the same columns, so the two can sit side by side.
+// `pipesgd bench allreduce` (size count type redop time algbw busbw: the fields
+// bench/compare_allreduce.sh reads), so the two can sit side by side.
 // One process per rank; rendezvous through a gloo FileStore in a directory all ranks share.
 //   RANK=r WORLD_SIZE=n GLOO_STORE_DIR=/tmp/x BIND_HOST=10.77.0.1
 //     gloo_allreduce MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP [LINK_GBPS]

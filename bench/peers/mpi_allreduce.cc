@@ -1,5 +1,6 @@
 // Open MPI's MPI_Allreduce (in place, float sum), timed like `pipesgd bench allreduce` and
-// printed in the same columns. Started by mpirun, one rank per lab node:
+// printed as size count type redop time algbw busbw (the fields bench/compare_allreduce.sh
+// reads). Started by mpirun, one rank per lab node:
 //   mpirun ... mpi_allreduce MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP [LINK_GBPS]
 // Not part of pipesgd: a peer for bench/compare_allreduce.sh (Debian openmpi-bin, libopenmpi-dev).
 #include <mpi.h>

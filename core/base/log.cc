@@ -2,6 +2,8 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 
 #include <cstdio>
 
@@ -10,6 +12,9 @@
 
 namespace pipesgd {
 namespace {
+
+std::mutex g_prefix_mu;
+std::string g_line_prefix;  // SetLogLinePrefix
 
 // %* prints "warning: "/"error: " for those levels and nothing for info, so metric lines stay
 // clean while problems stand out.
@@ -25,6 +30,10 @@ class LevelPrefix : public spdlog::custom_flag_formatter {
       case spdlog::level::err: prefix = "error: "; break;
       case spdlog::level::critical: prefix = "fatal: "; break;
       default: break;
+    }
+    {
+      std::lock_guard<std::mutex> lock(g_prefix_mu);
+      dest.append(g_line_prefix.data(), g_line_prefix.data() + g_line_prefix.size());
     }
     dest.append(prefix.data(), prefix.data() + prefix.size());
   }
@@ -67,6 +76,11 @@ void InitLogging(bool verbose) {
     spdlog::set_default_logger(logger);
   }
   logger->set_level(verbose ? spdlog::level::debug : spdlog::level::info);
+}
+
+void SetLogLinePrefix(std::string prefix) {
+  std::lock_guard<std::mutex> lock(g_prefix_mu);
+  g_line_prefix = std::move(prefix);
 }
 
 }  // namespace pipesgd

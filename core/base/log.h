@@ -3,6 +3,8 @@
 // with "[rank R] ", so workers do not print their rank themselves.
 #pragma once
 
+#include <string>
+
 #include <spdlog/spdlog.h>
 
 namespace pipesgd {
@@ -10,6 +12,10 @@ namespace pipesgd {
 // Installs the pipesgd logger as spdlog's default: info/debug to stdout, warnings/errors to
 // stderr, flushed at every line so the launcher sees progress live. Safe to call more than once. `verbose` enables debug lines.
 void InitLogging(bool verbose = false);
+
+// Starts every later log line with `prefix` (before "warning: "): "# " makes a benchmark's log
+// lines comments among its table, as nccl-tests prints them. Default: none.
+void SetLogLinePrefix(std::string prefix);
 
 }  // namespace pipesgd
 
