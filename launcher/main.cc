@@ -118,6 +118,8 @@ int main(int argc, char** argv) {
                       "comm.network_interface=...)");
   run_cmd->add_flag("-v,--verbose", run.verbose,
                     "Debug logging in every worker; over ssh also the host in each line's prefix");
+  run_cmd->add_flag("--overwrite", run.overwrite,
+                    "Let --out replace a finished run there (otherwise refused)");
   run_cmd->add_flag("--resume", run.resume,
                     "Continue from the newest checkpoint every rank has in checkpoint.dir");
   std::string run_timeline;
@@ -189,6 +191,8 @@ int main(int argc, char** argv) {
                          "First step the timeline records")->capture_default_str()->check(CLI::NonNegativeNumber);
   worker_cmd->add_option("--timeline-steps", worker.timeline_steps, "Steps the timeline records")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  worker_cmd->add_flag("--overwrite", worker.overwrite,
+                       "Let --out replace a finished run there (otherwise refused)");
   worker_cmd->add_flag("--resume", worker.resume,
                        "Continue from the newest checkpoint every rank has in checkpoint.dir");
 
@@ -369,8 +373,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       if (!program.empty()) {
-        for (const char* name : {"--set", "--out", "--resume", "--timeline", "--transport",
-                                 "--network-interface"}) {
+        for (const char* name : {"--set", "--out", "--resume", "--overwrite", "--timeline",
+                                 "--transport", "--network-interface"}) {
           if (run_cmd->count(name) > 0) {
             std::fprintf(stderr, "error: %s applies to a pipesgd job config, not to a program "
                                  "(%s)\n", name, program[0].c_str());
@@ -394,6 +398,9 @@ int main(int argc, char** argv) {
         }
       }
       run.master_addr_given = run_cmd->count("--master-addr") > 0;
+      for (int i = 0; i < argc; ++i) {
+        run.command_line += (i ? " " : "") + pipesgd::launcher::ShellQuote(argv[i]);
+      }
       // Per-network choices reach every rank as config overrides, so the config check and the
       // rendezvous's comparison of configs cover them too.
       if (!transport_name.empty()) {

@@ -320,7 +320,7 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
   PSGD_LOG_INFO("rank {}: stage {} of pipeline {}: {}", env.rank, stage, pipeline,
                 model.Describe());
   std::unique_ptr<OutputDir> out;
-  if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir);
+  if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir, args.overwrite || args.resume);
 
   const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
   ConnectedTransport connected = TransportForEveryone(env, job, start_deadline);

@@ -114,7 +114,7 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
   }
   // The lead worker claims the output directory before anything slow (a bad --out fails at once).
   std::unique_ptr<detail::OutputDir> out;
-  if (lead && !args.out_dir.empty()) out = std::make_unique<detail::OutputDir>(args.out_dir);
+  if (lead && !args.out_dir.empty()) out = std::make_unique<detail::OutputDir>(args.out_dir, args.overwrite || args.resume);
 
   const detail::JobData sets = detail::LoadJobData(job);
   const data::Dataset& train_set = sets.train;

@@ -128,7 +128,7 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
     PSGD_LOG_INFO("effective config ({}): {}", args.config_path, FormatConfig(job, true));
   }
   std::unique_ptr<OutputDir> out;
-  if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir);
+  if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir, args.overwrite || args.resume);
 
   const auto& data_cfg = job.data();
   const detail::JobData sets = detail::LoadJobData(job);

@@ -210,6 +210,11 @@ std::string ReadConfigText(const std::string& path) {
 }  // namespace
 
 std::string ShellQuote(const std::string& word) {
+  // Words the shell takes as they are stay readable (a command line in summary.json).
+  if (!word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                              "0123456789_./:,@%+-") == std::string::npos) {
+    return word;
+  }
   std::string out = "'";
   for (char c : word) {
     if (c == '\'') {
@@ -344,6 +349,7 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
   for (const auto& o : args.overrides) worker_args.insert(worker_args.end(), {"--set", o});
   if (!args.out_dir.empty()) worker_args.insert(worker_args.end(), {"--out", args.out_dir});
   if (args.resume) worker_args.push_back("--resume");
+  if (args.overwrite) worker_args.push_back("--overwrite");
   if (args.verbose) worker_args.push_back("--verbose");
   worker_args.insert(worker_args.end(), args.extra_worker_args.begin(), args.extra_worker_args.end());
   std::error_code ec;
@@ -366,6 +372,7 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
     remote.env["MASTER_PORT"] = std::to_string(master_port);
     remote.env["PIPESGD_JOB_TOKEN"] = token;
     remote.env["PIPESGD_HOST"] = p.host;
+    if (!args.command_line.empty()) remote.env["PIPESGD_COMMAND_LINE"] = args.command_line;
     // As for local workers, unless -x or the host says otherwise (and results then match a
     // local run bit for bit).
     for (const auto& [var, value] : kRankThreadDefaults) remote.env_defaults[var] = value;

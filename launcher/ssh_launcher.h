@@ -41,7 +41,8 @@ struct SshOptions {
 std::vector<std::string> SshArgv(const SshOptions& ssh, const std::string& host,
                                  const std::string& remote_command);
 
-// Quotes `word` for a POSIX shell ('...' with embedded quotes escaped).
+// Quotes `word` for a POSIX shell ('...' with embedded quotes escaped); a word of letters,
+// digits and _./:,@%+- only stays as it is.
 std::string ShellQuote(const std::string& word);
 
 // Runs the job over ssh. Returns the exit code as Supervise does. Throws pipesgd::Error before

@@ -506,6 +506,7 @@ int RunLocal(const RunArgs& args) {
     LoadJobConfig(args.config_path, args.overrides);
   }
   if (!args.out_dir.empty()) {
+    CheckOutDirIsFree(args.out_dir, args.overwrite || args.resume);  // before any rank starts
     std::error_code ec;
     std::filesystem::create_directories(args.out_dir, ec);
     if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", args.out_dir, ec.message());
@@ -542,6 +543,7 @@ int RunLocal(const RunArgs& args) {
       argv.push_back(args.out_dir);
     }
     if (args.resume) argv.push_back("--resume");
+    if (args.overwrite) argv.push_back("--overwrite");
     if (args.verbose) argv.push_back("--verbose");
     argv.insert(argv.end(), args.extra_worker_args.begin(), args.extra_worker_args.end());
   }
@@ -559,6 +561,7 @@ int RunLocal(const RunArgs& args) {
                        {"MASTER_ADDR", args.master_addr},
                        {"MASTER_PORT", std::to_string(port)},
                        {"PIPESGD_JOB_TOKEN", token}});
+    if (!args.command_line.empty()) c.spec.env.emplace_back("PIPESGD_COMMAND_LINE", args.command_line);
     c.spec.env_defaults = kRankThreadDefaults;
     commands.push_back(std::move(c));
   }

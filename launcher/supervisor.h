@@ -29,6 +29,9 @@ struct RunArgs {
   int master_port = 0;  // 0: pick a free port
   bool verbose = false;
   bool resume = false;  // workers continue from the newest checkpoint (--resume)
+  bool overwrite = false;  // --out may replace a finished run (--overwrite)
+  // The launcher's own command line, recorded in summary.json (PIPESGD_COMMAND_LINE).
+  std::string command_line;
   double kill_grace_s = 5;  // between SIGTERM and SIGKILL when stopping workers
   // Directory for per-rank output files (rank.R/stdout, rank.R/stderr, lines as the rank wrote
   // them, without prefix); empty: none.

@@ -477,7 +477,7 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
   // the seed, so no broadcast is needed.
   // Rank 0 claims the output directory before anything slow, so a bad --out fails at once.
   std::unique_ptr<OutputDir> out;
-  if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir);
+  if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir, args.overwrite || args.resume);
 
   const auto& data_cfg = job.data();
   const JobData sets = LoadJobData(job);

@@ -19,12 +19,17 @@ namespace pipesgd::launcher {
 // blamed that rank): `pipesgd run` reports a rank that failed on its own instead.
 inline constexpr int kExitBecauseOfAnotherRank = 3;
 
+// Throws Error(kInvalidArgument) when `dir` holds a finished run (its summary.json) and
+// `replace` is false, naming when that run started and how to replace it or go elsewhere.
+void CheckOutDirIsFree(const std::string& dir, bool replace);
+
 struct WorkerArgs {
   std::string config_path;
   std::vector<std::string> overrides;  // "path=value", as for --set
   std::string out_dir;                 // rank 0 writes metrics.jsonl and summary.json here
   bool verbose = false;
   bool resume = false;                 // continue from the newest checkpoint in checkpoint.dir
+  bool overwrite = false;              // --out may replace a finished run
   // Chrome trace-event JSON of this rank's compute and communication spans (core/base/timeline.h):
   // rank R of N > 1 writes timeline::RankFile(timeline, R, N); empty: no timeline.
   std::string timeline;

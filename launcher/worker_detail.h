@@ -64,7 +64,9 @@ train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_si
 // metrics.jsonl appended and flushed line by line so a crash keeps every finished epoch.
 class OutputDir {
  public:
-  explicit OutputDir(const std::string& dir) : dir_(dir) {
+  // `replace`: a finished run there (summary.json) may be replaced (--overwrite, --resume).
+  OutputDir(const std::string& dir, bool replace) : dir_(dir) {
+    CheckOutDirIsFree(dir, replace);
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", dir, ec.message());
@@ -78,6 +80,8 @@ class OutputDir {
                             "another --out",
             dir);
     }
+    // The old summary goes first: a replaced run that then fails must not leave it looking new.
+    std::filesystem::remove(dir_ / "summary.json", ec);
     const auto metrics = dir_ / "metrics.jsonl";
     metrics_ = std::fopen(metrics.c_str(), "w");
     if (!metrics_) {

@@ -1,9 +1,15 @@
 // What every training mode reports, the same way: the run plan of job.train, the console and
 // metrics.jsonl lines of each evaluation, the last line, and summary.json (worker_detail.h).
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <google/protobuf/util/json_util.h>
@@ -12,7 +18,30 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "launcher/model_builder.h"
+#include "launcher/ssh_launcher.h"
 #include "launcher/worker_detail.h"
+#include "transport/launch_env.h"
+
+namespace pipesgd::launcher {
+
+void CheckOutDirIsFree(const std::string& dir, bool replace) {
+  const std::filesystem::path summary = std::filesystem::path(dir) / "summary.json";
+  std::error_code ec;
+  if (replace || !std::filesystem::exists(summary, ec)) return;
+  std::string started = "at an unknown time";
+  try {
+    std::ifstream in(summary);
+    const auto j = nlohmann::json::parse(in);
+    if (j.contains("start_time")) started = "at " + j.at("start_time").get<std::string>();
+  } catch (const std::exception&) {
+  }
+  Throw(ErrorCode::kInvalidArgument,
+        "--out {}: holds a finished run (summary.json, started {}); pass --overwrite to replace "
+        "it, or choose another --out",
+        dir, started);
+}
+
+}  // namespace pipesgd::launcher
 
 namespace pipesgd::launcher::detail {
 
@@ -105,6 +134,57 @@ void LogFinal(const train::RunOutcome& outcome, const train::RunPlan& plan, doub
                 outcome.steps, wall_s, target);
 }
 
+namespace {
+
+// When this worker started, from how long it has run: ISO 8601 in UTC.
+std::string StartTime(double wall_s) {
+  const auto start = std::chrono::system_clock::now() -
+                     std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                         std::chrono::duration<double>(wall_s));
+  const std::time_t t = std::chrono::system_clock::to_time_t(start);
+  std::tm utc{};
+  gmtime_r(&t, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+// The command that started the job: the launcher's (PIPESGD_COMMAND_LINE, set by pipesgd
+// run), else this worker's own, as one shell-quoted line.
+std::string CommandLine() {
+  if (const char* line = std::getenv("PIPESGD_COMMAND_LINE"); line != nullptr && *line) {
+    return line;
+  }
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string line;
+  size_t begin = 0;
+  while (begin < all.size()) {
+    const size_t end = all.find('\0', begin);
+    const std::string word = all.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    line += (line.empty() ? "" : " ") + ShellQuote(word);
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  return line;
+}
+
+std::string Host() {
+  if (const char* host = std::getenv("PIPESGD_HOST"); host != nullptr && *host) return host;
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 ? name : "";
+}
+
+std::string LauncherName() {
+  try {
+    return transport::ToString(transport::ReadLaunchEnv().launcher);
+  } catch (const Error&) {
+    return "?";
+  }
+}
+
+}  // namespace
+
 nlohmann::json Summary(const SummaryInputs& in, const train::RunOutcome& outcome,
                        const config::Job& job, nlohmann::json details) {
   // -1 and null-free numbers: a run that did not reach its target says so with
@@ -128,6 +208,10 @@ nlohmann::json Summary(const SummaryInputs& in, const train::RunOutcome& outcome
           {"kernels", KernelsInUse(job.model())},
           {"wire_bytes", in.wire_bytes},
           {"version", PIPESGD_VERSION},
+          {"start_time", StartTime(in.wall_s)},
+          {"host", Host()},  // rank 0's
+          {"launcher", LauncherName()},
+          {"command_line", CommandLine()},
           {"details", std::move(details)},
           {"config", ConfigAsJson(job)}};
 }

@@ -77,7 +77,7 @@ PSGD="$BUILD/launcher/pipesgd"
 step "4 ranks, model.device = CUDA, all on GPU 0, loopback TCP (1 epoch)"
 timeout 300 "$PSGD" run -np 4 configs/fashion_mnist_mlp.pbtxt "${DATA_SET[@]}" \
   --set model.device=CUDA --set model.gpu_index=0 --set train.epochs=1 \
-  --out "$BUILD/gpu_check_4ranks"
+  --out "$BUILD/gpu_check_4ranks" --overwrite
 
 step "samples/s, one worker (batch 16 as in the config, then batch 256)"
 CONFIGS=(configs/fashion_mnist_mlp.pbtxt)

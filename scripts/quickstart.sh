@@ -9,4 +9,4 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build --parallel "$(nproc)"
-exec build/launcher/pipesgd run -np 4 configs/fashion_mnist_mlp.pbtxt --out out/main_job "$@"
+exec build/launcher/pipesgd run -np 4 configs/fashion_mnist_mlp.pbtxt --out out/main_job --overwrite "$@"

@@ -143,6 +143,11 @@ TEST(Ssh, ShellQuoting) {
   EXPECT_EQ(ShellQuote("/opt/pipe sgd/bin"), "'/opt/pipe sgd/bin'");
   EXPECT_EQ(ShellQuote("it's"), "'it'\\''s'");
   EXPECT_EQ(ShellQuote(""), "''");
+  EXPECT_EQ(ShellQuote("/opt/pipesgd/bin/pipesgd"), "/opt/pipesgd/bin/pipesgd");
+  EXPECT_EQ(ShellQuote("--np"), "--np");
+  EXPECT_EQ(ShellQuote("train.max_steps=20"), "'train.max_steps=20'");  // never an assignment
+  EXPECT_EQ(ShellQuote("a;b"), "'a;b'");
+  EXPECT_EQ(ShellQuote("$HOME"), "'$HOME'");
 }
 
 TEST(RemoteJob, RoundTripsAsOneLine) {

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/support/multiproc.h"
 #include "tests/support/subprocess.h"
@@ -308,6 +309,51 @@ TEST(Run, AStoppedRankIsTheOneTheLauncherNames) {
   }
 }
 
+
+// --- --out keeps a finished run; summary.json says where and how it ran -------------------
+
+TEST(RunOut, AFinishedRunIsKeptUnlessOverwriteAndTheSummarySaysHowItRan) {
+  TempDir dir;
+  const std::string out = dir.path("out");
+  const auto first = RunCommand(
+      Args({kBinary, "run", "-np", "2", kConfig, "--set", "train.max_steps=5", "--out", out},
+           kShort),
+      {}, 60);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const auto summary = nlohmann::json::parse(ReadAll(out + "/summary.json"));
+  EXPECT_EQ(summary.at("launcher"), "RANK/WORLD_SIZE");
+  EXPECT_FALSE(summary.at("host").get<std::string>().empty());
+  EXPECT_TRUE(std::regex_match(summary.at("start_time").get<std::string>(),
+                               std::regex("20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-9:]{8}Z")))
+      << summary.at("start_time");
+  // The launcher's command line, not the worker's.
+  EXPECT_EQ(summary.at("command_line").get<std::string>().find(kBinary + " run -np 2 "), 0u)
+      << summary.at("command_line");
+
+  const auto again = RunCommand(
+      Args({kBinary, "run", "-np", "2", kConfig, "--set", "train.max_steps=5", "--out", out},
+           kShort),
+      {}, 60);
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.err.find(fmt::format("--out {}: holds a finished run (summary.json, started at {}); "
+                                       "pass --overwrite to replace it",
+                                       out, summary.at("start_time").get<std::string>())),
+            std::string::npos)
+      << again.err;
+  EXPECT_EQ(again.out.find("[rank"), std::string::npos) << "a rank started: " << again.out;
+  // A rank started by hand (or by srun) refuses it too.
+  const auto worker = RunCommand({kBinary, "worker", kConfig, "--out", out}, {}, 60);
+  EXPECT_EQ(worker.exit_code, 1);
+  EXPECT_NE(worker.err.find("holds a finished run"), std::string::npos) << worker.err;
+
+  const auto replaced = RunCommand(
+      Args({kBinary, "run", "-np", "2", kConfig, "--set", "train.max_steps=8", "--out", out,
+            "--overwrite"},
+           kShort),
+      {}, 60);
+  ASSERT_EQ(replaced.exit_code, 0) << replaced.err;
+  EXPECT_EQ(nlohmann::json::parse(ReadAll(out + "/summary.json")).at("steps"), 8);
+}
 
 // --- `pipesgd run -- PROGRAM`: any program, torchrun's environment ------------------------
 
