@@ -22,6 +22,7 @@
 #include "launcher/config.h"
 #include "launcher/hostfile.h"
 #include "launcher/remote_rank.h"
+#include "launcher/report.h"
 #include "launcher/ssh_launcher.h"
 #include "launcher/supervisor.h"
 #include "launcher/worker.h"
@@ -288,6 +289,23 @@ int main(int argc, char** argv) {
   probe_cmd->add_option("--master-addr", probe_run.master_addr, "With -np: rendezvous address");
 
   pipesgd::launcher::ModelArgs model;
+  pipesgd::launcher::ReportArgs report;
+  auto* report_cmd = app.add_subcommand(
+      "report",
+      "Compare runs side by side: a table (mode, width, codec, transport, samples/s, time to each "
+      "target accuracy, final accuracy, speedup over the first run) and a PNG of test accuracy "
+      "against training time (gnuplot)");
+  report_cmd->add_option("runs", report.runs,
+                         "--out directories (metrics.jsonl, summary.json) or metrics.jsonl files")
+      ->required()
+      ->check(CLI::ExistingPath);
+  report_cmd->add_option("--target", report.targets,
+                         "Test accuracy to report the time to (repeatable; default: the runs' "
+                         "train.target_accuracy, else 0.85)")
+      ->allow_extra_args(false);
+  report_cmd->add_option("--png", report.png, "Where to draw the plot ('' = none)")
+      ->capture_default_str();
+
   auto* model_cmd = app.add_subcommand(
       "model",
       "Predict the time per iteration of every scheme (PS sync, PS async, ring sync, Pipe-SGD "
@@ -332,10 +350,15 @@ int main(int argc, char** argv) {
   app.footer("Exit status: 0 on success, 1 on an error (printed as 'error: ...'), 2 on a usage "
              "error; `run` exits with the failing worker's status.");
   // CLI11 reports an unknown subcommand as "a subcommand is required"; say what was wrong.
-  if (args.size() > 1 && args[1][0] != '-' && args[1] != "run" && args[1] != "worker" &&
-      args[1] != "bench" && args[1] != "info" && args[1] != "remote-rank" && args[1] != "probe" && args[1] != "model" &&
-      args[1] != "remote-probe") {
-    std::fprintf(stderr, "error: unknown subcommand '%s' (expected run, worker, bench, probe, model or info; "
+  const auto known = [&](const std::string& name) {
+    try {
+      return app.get_subcommand(name) != nullptr;
+    } catch (const CLI::OptionNotFound&) {
+      return false;
+    }
+  };
+  if (args.size() > 1 && args[1][0] != '-' && !known(args[1])) {
+    std::fprintf(stderr, "error: unknown subcommand '%s' (expected run, worker, bench, probe, model, report or info; "
                          "see pipesgd --help)\n", args[1].c_str());
     return 2;
   }
@@ -462,6 +485,10 @@ int main(int argc, char** argv) {
         return pipesgd::launcher::RunLocal(probe_run);
       }
       pipesgd::launcher::RunProbe(probe);
+      return 0;
+    }
+    if (*report_cmd) {
+      pipesgd::launcher::RunReport(report);
       return 0;
     }
     if (*model_cmd) {

@@ -1,0 +1,254 @@
+#include "launcher/report.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.h"
+#include "launcher/process.h"
+
+namespace pipesgd::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Point {
+  double wall_s = 0, accuracy = 0, samples_per_s = 0;
+};
+
+struct Run {
+  std::string name, path;
+  std::vector<Point> curve;
+  std::optional<nlohmann::json> summary;
+};
+
+Run LoadRun(const std::string& path) {
+  Run run;
+  run.path = path;
+  fs::path metrics = path;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    metrics = fs::path(path) / "metrics.jsonl";
+    run.name = fs::path(path).lexically_normal().filename().string();
+    if (run.name.empty()) {
+      run.name = fs::path(path).lexically_normal().parent_path().filename().string();
+    }
+    const fs::path summary = fs::path(path) / "summary.json";
+    if (fs::exists(summary, ec)) {
+      std::ifstream in(summary);
+      try {
+        run.summary = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        Throw(ErrorCode::kDataLoss, "report: {}: not JSON: {}", summary.string(), e.what());
+      }
+    }
+  } else {
+    run.name = fs::path(path).filename().string();
+    for (const char* suffix : {".metrics.jsonl", ".jsonl"}) {
+      if (run.name.ends_with(suffix) && run.name.size() > std::strlen(suffix)) {
+        run.name.resize(run.name.size() - std::strlen(suffix));
+        break;
+      }
+    }
+  }
+  std::ifstream in(metrics);
+  if (!in) {
+    Throw(ErrorCode::kNotFound,
+          "report: {}: cannot read {} (expected a --out directory or a metrics.jsonl file)", path,
+          metrics.string());
+  }
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      run.curve.push_back({j.at("wall_s").get<double>(), j.at("test_accuracy").get<double>(),
+                           j.value("samples_per_s", 0.0)});
+    } catch (const nlohmann::json::exception& e) {
+      Throw(ErrorCode::kDataLoss,
+            "report: {} line {}: expected a metrics object with wall_s and test_accuracy: {}",
+            metrics.string(), number, e.what());
+    }
+  }
+  if (run.curve.empty()) {
+    Throw(ErrorCode::kDataLoss, "report: {}: no evaluations in {}", path, metrics.string());
+  }
+  return run;
+}
+
+// A value of the summary by JSON pointer, as text; "-" when absent.
+std::string Field(const Run& run, const char* pointer) {
+  if (!run.summary) return "-";
+  const nlohmann::json::json_pointer p(pointer);
+  if (!run.summary->contains(p)) return "-";
+  const auto& v = run.summary->at(p);
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+std::string Codec(const Run& run) {
+  if (!run.summary) return "-";
+  std::string codec = Field(run, "/config/comm/compression");
+  if (const std::string rank = Field(run, "/config/comm/powersgd_rank"); rank != "-" && rank != "0") {
+    return "powersgd r" + rank;
+  }
+  if (codec != "none" && Field(run, "/config/comm/error_feedback") == "true") codec += " EF";
+  return codec;
+}
+
+std::string Width(const Run& run) {
+  const std::string mode = Field(run, "/mode");
+  if (mode != "RING" && mode != "SDPIPE") return "-";
+  return Field(run, "/config/train/pipeline_width");
+}
+
+// Samples per second of training: the summary's totals, else the mean of the metrics lines.
+double SamplesPerSecond(const Run& run) {
+  if (run.summary && run.summary->contains("train_wall_s")) {
+    const double s = run.summary->at("train_wall_s").get<double>();
+    const double samples =
+        run.summary->at("steps").get<double>() * run.summary->at("global_batch").get<double>();
+    return s > 0 ? samples / s : 0;
+  }
+  double sum = 0;
+  for (const Point& p : run.curve) sum += p.samples_per_s;
+  return sum / static_cast<double>(run.curve.size());
+}
+
+std::optional<double> TimeTo(const Run& run, double target) {
+  for (const Point& p : run.curve) {
+    if (p.accuracy >= target) return p.wall_s;
+  }
+  return std::nullopt;
+}
+
+// Quotes for a gnuplot string: single quotes, doubled inside.
+std::string GnuplotQuote(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out + "'";
+}
+
+void Plot(const std::vector<Run>& runs, const std::vector<double>& targets, const std::string& png) {
+  const std::string gnuplot = FindProgram("gnuplot");  // throws naming PATH
+  char pattern[] = "/tmp/pipesgd-report-XXXXXX";
+  if (mkdtemp(pattern) == nullptr) {
+    Throw(ErrorCode::kIo, "report: cannot make a temporary directory: {}", std::strerror(errno));
+  }
+  const fs::path dir = pattern;
+  struct Cleanup {
+    fs::path dir;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  std::string plot;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const fs::path data = dir / fmt::format("run{}.dat", i);
+    std::ofstream out(data);
+    for (const Point& p : runs[i].curve) out << fmt::format("{} {}\n", p.wall_s, p.accuracy);
+    plot += fmt::format("{}{} using 1:2 with linespoints lw 2 title {}", i ? ", \\\n     " : "",
+                        GnuplotQuote(data.string()), GnuplotQuote(runs[i].name));
+  }
+  std::string script = fmt::format(
+      "set terminal pngcairo size 960,600 noenhanced\nset output {}\nset key bottom right\nset grid\n"
+      "set xlabel 'training time (s), evaluations left out'\nset ylabel 'test accuracy'\n"
+      "set title 'test accuracy against training time'\n",
+      GnuplotQuote(png));
+  for (double t : targets) {
+    script += fmt::format("set arrow from graph 0, first {0} to graph 1, first {0} nohead dt 2 "
+                          "lc rgb 'gray'\n",
+                          t);
+  }
+  script += "plot " + plot + "\n";
+  const fs::path script_path = dir / "report.gp";
+  std::ofstream(script_path) << script;
+  ChildSpec spec;
+  spec.argv = {gnuplot, script_path.string()};
+  spec.own_process_group = false;
+  Child child = SpawnChild(spec, "gnuplot");
+  std::string err;
+  char buf[4096];
+  for (int* fd : {&child.out_fd, &child.err_fd}) {
+    ssize_t n;
+    while ((n = read(*fd, buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR)) {
+      if (n > 0 && fd == &child.err_fd) err.append(buf, static_cast<size_t>(n));
+    }
+    close(*fd);
+    *fd = -1;
+  }
+  int status = 0;
+  while (waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (ExitCodeOf(status) != 0) {
+    Throw(ErrorCode::kUnavailable, "report: gnuplot {} writing {}: {}", DescribeWaitStatus(status),
+          png, err);
+  }
+}
+
+}  // namespace
+
+void RunReport(const ReportArgs& args) {
+  if (args.runs.empty()) Throw(ErrorCode::kInvalidArgument, "report: give at least one RUN");
+  std::vector<Run> runs;
+  for (const auto& path : args.runs) runs.push_back(LoadRun(path));
+  std::vector<double> targets = args.targets;
+  if (targets.empty()) {
+    std::set<double> given;
+    for (const Run& r : runs) {
+      const std::string t = Field(r, "/target_accuracy");
+      if (t != "-" && std::stod(t) > 0) given.insert(std::stod(t));
+    }
+    targets.assign(given.begin(), given.end());
+    if (targets.empty()) targets = {0.85};
+  }
+  for (double t : targets) {
+    if (!(t > 0 && t <= 1)) {
+      Throw(ErrorCode::kInvalidArgument, "report: --target {}: expected an accuracy in (0, 1]", t);
+    }
+  }
+
+  std::string header = "| run | mode | width | codec | transport | launcher | samples/s |";
+  std::string rule = "|---|---|---:|---|---|---|---:|";
+  for (double t : targets) {
+    header += fmt::format(" time to {:g} (s) |", t);
+    rule += "---:|";
+  }
+  header += fmt::format(" final accuracy | speedup to {:g} vs {} |", targets[0], runs[0].name);
+  rule += "---:|---:|";
+  std::printf("%s\n%s\n", header.c_str(), rule.c_str());
+  const std::optional<double> first = TimeTo(runs[0], targets[0]);
+  for (const Run& r : runs) {
+    std::string line = fmt::format("| {} | {} | {} | {} | {} | {} | {:.0f} |", r.name,
+                                   Field(r, "/mode"), Width(r), Codec(r), Field(r, "/transport"),
+                                   Field(r, "/launcher"), SamplesPerSecond(r));
+    for (double t : targets) {
+      const auto s = TimeTo(r, t);
+      line += s ? fmt::format(" {:.1f} |", *s) : std::string(" never |");
+    }
+    const auto mine = TimeTo(r, targets[0]);
+    line += fmt::format(" {:.4f} |", r.curve.back().accuracy);
+    line += first && mine && *mine > 0 ? fmt::format(" {:.2f}x |", *first / *mine)
+                                       : std::string(" - |");
+    std::printf("%s\n", line.c_str());
+  }
+  std::printf("\n(times are training time, evaluations left out; 'never': not within the run)\n");
+  std::fflush(stdout);
+  if (!args.png.empty()) {
+    Plot(runs, targets, args.png);
+    std::printf("pipesgd report: test accuracy against training time in %s\n", args.png.c_str());
+  }
+}
+
+}  // namespace pipesgd::launcher
