@@ -357,6 +357,8 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
   std::string config_name = fs::path(args.config_path).filename().string();
   if (config_name.empty() || config_name == "." || config_name == "..") config_name = "job.pbtxt";
 
+  std::string rank_hosts;  // every rank's host, in rank order, for summary.json
+  for (const auto& p : placement) rank_hosts += (rank_hosts.empty() ? "" : ",") + p.host;
   std::vector<RankCommand> commands;
   std::vector<std::string> where;
   for (const auto& p : placement) {
@@ -372,6 +374,7 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
     remote.env["MASTER_PORT"] = std::to_string(master_port);
     remote.env["PIPESGD_JOB_TOKEN"] = token;
     remote.env["PIPESGD_HOST"] = p.host;
+    remote.env["PIPESGD_HOSTS"] = rank_hosts;
     if (!args.command_line.empty()) remote.env["PIPESGD_COMMAND_LINE"] = args.command_line;
     // As for local workers, unless -x or the host says otherwise (and results then match a
     // local run bit for bit).

@@ -219,7 +219,8 @@ std::vector<std::pair<std::string, std::string>> ResolveForwardedEnv(
     const std::vector<std::string>& entries) {
   static const char* const kReserved[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
                                           "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                          "PIPESGD_JOB_TOKEN", "PIPESGD_HOST"};
+                                          "PIPESGD_JOB_TOKEN", "PIPESGD_HOST", "PIPESGD_HOSTS",
+                                          "PIPESGD_COMMAND_LINE"};
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& entry : entries) {
     const size_t eq = entry.find('=');
@@ -547,6 +548,10 @@ int RunLocal(const RunArgs& args) {
     if (args.verbose) argv.push_back("--verbose");
     argv.insert(argv.end(), args.extra_worker_args.begin(), args.extra_worker_args.end());
   }
+  char name[256] = {};
+  const std::string host = gethostname(name, sizeof(name) - 1) == 0 ? name : "localhost";
+  std::string hosts;  // every rank's host, in rank order, for summary.json
+  for (int r = 0; r < args.num_processes; ++r) hosts += (r ? "," : "") + host;
   std::vector<RankCommand> commands;
   for (int r = 0; r < args.num_processes; ++r) {
     RankCommand c;
@@ -560,7 +565,8 @@ int RunLocal(const RunArgs& args) {
                        {"LOCAL_WORLD_SIZE", std::to_string(args.num_processes)},
                        {"MASTER_ADDR", args.master_addr},
                        {"MASTER_PORT", std::to_string(port)},
-                       {"PIPESGD_JOB_TOKEN", token}});
+                       {"PIPESGD_JOB_TOKEN", token},
+                       {"PIPESGD_HOSTS", hosts}});
     if (!args.command_line.empty()) c.spec.env.emplace_back("PIPESGD_COMMAND_LINE", args.command_line);
     c.spec.env_defaults = kRankThreadDefaults;
     commands.push_back(std::move(c));

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 
 #include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
@@ -175,6 +176,22 @@ std::string Host() {
   return gethostname(name, sizeof(name) - 1) == 0 ? name : "";
 }
 
+// Every rank's host in rank order where the launcher knows them (pipesgd run sets
+// PIPESGD_HOSTS); else rank 0's alone.
+nlohmann::json Hosts() {
+  nlohmann::json hosts = nlohmann::json::array();
+  const char* list = std::getenv("PIPESGD_HOSTS");
+  std::string_view rest = list != nullptr ? list : "";
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    hosts.push_back(std::string(rest.substr(0, comma)));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  if (hosts.empty()) hosts.push_back(Host());
+  return hosts;
+}
+
 std::string LauncherName() {
   try {
     return transport::ToString(transport::ReadLaunchEnv().launcher);
@@ -210,6 +227,7 @@ nlohmann::json Summary(const SummaryInputs& in, const train::RunOutcome& outcome
           {"version", PIPESGD_VERSION},
           {"start_time", StartTime(in.wall_s)},
           {"host", Host()},  // rank 0's
+          {"hosts", Hosts()},
           {"launcher", LauncherName()},
           {"command_line", CommandLine()},
           {"details", std::move(details)},

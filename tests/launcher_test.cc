@@ -323,6 +323,7 @@ TEST(RunOut, AFinishedRunIsKeptUnlessOverwriteAndTheSummarySaysHowItRan) {
   const auto summary = nlohmann::json::parse(ReadAll(out + "/summary.json"));
   EXPECT_EQ(summary.at("launcher"), "RANK/WORLD_SIZE");
   EXPECT_FALSE(summary.at("host").get<std::string>().empty());
+  EXPECT_EQ(summary.at("hosts"), nlohmann::json::array({summary.at("host"), summary.at("host")}));
   EXPECT_TRUE(std::regex_match(summary.at("start_time").get<std::string>(),
                                std::regex("20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-9:]{8}Z")))
       << summary.at("start_time");
