@@ -249,8 +249,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
   bench_ar->add_option("--transport", bench.transport,
-                       "tcp, ucx, ibverbs or auto (ibverbs if an RDMA port is active, else ucx, "
-                       "else tcp); UCX reads UCX_TLS, UCX_NET_DEVICES")
+                       "tcp, ucx, ibverbs or auto (ibverbs if an RDMA port is active, else tcp); UCX "
+                       "reads UCX_TLS, UCX_NET_DEVICES")
       ->transform(CLI::IsMember({"tcp", "ucx", "ibverbs", "auto"}, CLI::ignore_case))
       ->capture_default_str();
   bench_ar->add_option("--network-interface", bench.network_interface,

@@ -101,11 +101,13 @@ AutoChoice ChooseAutoTransport() {
 #else
   rdma = "this build has no ibverbs transport";
 #endif
-#ifdef PIPESGD_HAVE_UCX
-  return {TransportKind::kUcx, fmt::format("{}; UCX {} is built in", rdma, ucx::UcxVersion())};
-#else
-  return {TransportKind::kTcp, fmt::format("{}; this build has no UCX transport", rdma)};
-#endif
+  // Without RDMA, UCX runs over TCP, where pipesgd's own TCP transport moves about twice its
+  // bus bandwidth (bench allreduce, 4 ranks; docs/transports.md, "AUTO"), or over shared memory,
+  // which is faster on one host but cannot tell a dead peer. So TCP, whether UCX is built or not.
+  return {TransportKind::kTcp,
+          fmt::format("{}; tcp: faster than UCX over TCP, and unlike UCX's shared memory it detects a "
+                      "dead peer (docs/transports.md)",
+                      rdma)};
 }
 
 std::vector<std::string> DescribeTransportSupport() {

@@ -50,8 +50,9 @@ struct AutoChoice {
   std::string reason;  // for the log: why this one and not the others
 };
 
-// ibverbs if an RDMA port is ACTIVE (and this build has ibverbs), else UCX if this build has
-// it, else TCP. Deterministic for a given host and build; ranks on different hosts may differ,
+// ibverbs if an RDMA port is ACTIVE (and this build has ibverbs), else TCP (without RDMA, UCX
+// runs over TCP or shared memory; over TCP it is the slower, and its shared memory cannot tell
+// a dead peer). Deterministic for a given host and build; ranks on different hosts may differ,
 // which the rendezvous then rejects by name (the launcher puts the choice in the job text).
 AutoChoice ChooseAutoTransport();
 
