@@ -78,6 +78,10 @@ void CheckAllReduceBenchArgs(const AllReduceBenchArgs& a) {
   if (a.min_bytes > a.max_bytes) {
     bad(fmt::format("-b {} is larger than -e {}: expected -b <= -e", a.min_bytes, a.max_bytes));
   }
+  if ((a.min_bytes + 3) / 4 * 4 > a.max_bytes) {
+    bad(fmt::format("-b {} -e {}: no whole float32 element (4 bytes) in between", a.min_bytes,
+                    a.max_bytes));
+  }
   if (!(a.factor > 1)) bad(fmt::format("-f {}: expected a factor > 1", a.factor));
   if (a.iters < 1) bad(fmt::format("-n {}: expected >= 1 iterations", a.iters));
   if (a.warmup < 0) bad(fmt::format("-w {}: expected >= 0 warm-up iterations", a.warmup));
@@ -91,6 +95,13 @@ void CheckAllReduceBenchArgs(const AllReduceBenchArgs& a) {
     bad(fmt::format("-d {}: expected float (the ring reduces float32)", a.datatype));
   }
   if (a.op != "sum" && a.op != "avg") bad(fmt::format("-o {}: expected sum or avg", a.op));
+  if (a.threads != 1) bad(fmt::format("-t {}: expected 1 (one thread drives a rank)", a.threads));
+  if (a.agg_iters != 1) bad(fmt::format("-m {}: expected 1 (one AllReduce per iteration)", a.agg_iters));
+  if (a.graph != 0) bad(fmt::format("-G {}: expected 0 (no CUDA graphs here)", a.graph));
+  if (a.blocking != 0 && a.blocking != 1) bad(fmt::format("-z {}: expected 0 or 1", a.blocking));
+  if (a.parallel_init != 0 && a.parallel_init != 1) {
+    bad(fmt::format("-p {}: expected 0 or 1", a.parallel_init));
+  }
   if (a.average < 0 || a.average > 3) {
     bad(fmt::format("-a {}: expected 0 (rank 0), 1 (mean), 2 (min) or 3 (max)", a.average));
   }
@@ -216,8 +227,10 @@ int64_t RunAllReduceBench(const AllReduceBenchArgs& args) {
     return args.step_bytes > 0 ? size + static_cast<double>(args.step_bytes)
                                : std::max(size * args.factor, size + 4);
   };
-  for (double size = static_cast<double>(args.min_bytes); size <= args.max_bytes * 1.0000001;
-       size = next_size(size)) {
+  // Whole float32 elements: -b rounds up to a multiple of 4 bytes (-b 3 starts at 4, not at an
+  // empty row), as the rows count elements.
+  const double first = static_cast<double>((args.min_bytes + 3) / 4 * 4);
+  for (double size = first; size <= args.max_bytes * 1.0000001; size = next_size(size)) {
     const uint64_t count = static_cast<uint64_t>(size) / sizeof(float);
     const uint64_t bytes = count * sizeof(float);
     input_region.reset();

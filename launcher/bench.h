@@ -30,6 +30,12 @@ struct AllReduceBenchArgs {
   std::string op = "sum";             // -o: sum or avg
   // -a: the time reported for a size, over the ranks: 0 rank 0's, 1 the mean, 2 min, 3 max.
   int average = 1;
+  // Accepted as all_reduce_perf takes them, at the only values that describe this bench.
+  int threads = 1;        // -t
+  int agg_iters = 1;      // -m
+  int graph = 0;          // -G
+  int blocking = 0;       // -z: 0 or 1
+  int parallel_init = 0;  // -p: 0 or 1
   double link_gbps = 0;               // --link-gbps: link rate in Gbit/s (0 = not shown)
   std::string json_path;              // --json: the same rows as JSON
   uint64_t chunk_bytes = 1 << 20;     // --chunk-bytes (0 = auto)

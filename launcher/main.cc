@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -54,13 +55,18 @@ int main(int argc, char** argv) {
   for (auto& a : args) {
     if (a == "-np") a = "--np";
   }
-  // `bench allreduce -c` alone, as pipesgd once took it: -c 1 (all_reduce_perf's -c takes a count).
+  // `bench allreduce -c` alone, as pipesgd once took it: -c 1 (all_reduce_perf's -c takes a
+  // count). A count is joined to the flag, so that "-c -1" reaches the range check as a value.
   if (args.size() > 1 && args[1] == "bench") {
     for (size_t i = 2; i < args.size(); ++i) {
-      const bool count_follows = i + 1 < args.size() && !args[i + 1].empty() &&
-                                 args[i + 1].find_first_not_of("0123456789") == std::string::npos;
-      if ((args[i] == "-c" || args[i] == "--check") && !count_follows) {
-        args.insert(args.begin() + static_cast<long>(i) + 1, "1");
+      if (args[i] != "-c" && args[i] != "--check") continue;
+      const std::string next = i + 1 < args.size() ? args[i + 1] : "";
+      const std::string digits = !next.empty() && next[0] == '-' ? next.substr(1) : next;
+      if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos) {
+        args[i] = "--check=" + next;
+        args.erase(args.begin() + static_cast<long>(i) + 1);
+      } else {
+        args[i] = "--check=1";
       }
     }
   }
@@ -86,9 +92,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   run_cmd->add_option("config", run.config_path,
                       "Job config (protobuf text format), or a program to start on every rank "
-                      "(also: -- PROGRAM ARGS...), with RANK, WORLD_SIZE, LOCAL_RANK, "
-                      "MASTER_ADDR, MASTER_PORT and PIPESGD_JOB_TOKEN set")
-      ->check(CLI::ExistingFile);
+                      "(a path, or a name on PATH; with arguments: -- PROGRAM ARGS...), with "
+                      "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and "
+                      "PIPESGD_JOB_TOKEN set");
   run_cmd->add_option("--set", run.overrides, kSetHelp)->allow_extra_args(false);
   run_cmd->add_option("--out", run.out_dir,
                       "Directory for metrics.jsonl (one line per epoch) and summary.json "
@@ -207,7 +213,7 @@ int main(int argc, char** argv) {
       "allreduce",
       "AllReduce bandwidth in the nccl-tests convention (size, count, type, redop, time, algbw, "
       "busbw, #wrong; out-of-place and in-place). With --np N starts N local ranks; without, "
-      "runs one rank from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT");
+      "runs one rank placed by its launcher (RANK/WORLD_SIZE/MASTER_*, srun, mpirun)");
   bench_ar->add_option("--np", bench_np, "Start this many local ranks")->check(CLI::Range(1, 1024));
   bench_ar->add_option("-b,--minbytes", min_bytes, "Smallest size in bytes (K, M, G suffixes)")
       ->capture_default_str();
@@ -233,6 +239,17 @@ int main(int argc, char** argv) {
   bench_ar->add_option("-o,--op", bench.op, "Reduction: sum or avg")->capture_default_str();
   bench_ar->add_option("-a,--average", bench.average,
                        "Time reported over the ranks: 0 rank 0, 1 mean, 2 min, 3 max")
+      ->capture_default_str();
+  // all_reduce_perf's other flags, at the values that describe what runs here.
+  bench_ar->add_option("-t,--nthreads", bench.threads, "Threads per rank (1)")->capture_default_str();
+  bench_ar->add_option("-m,--agg_iters", bench.agg_iters, "Operations per iteration (1)")
+      ->capture_default_str();
+  bench_ar->add_option("-G,--cudagraph", bench.graph, "CUDA graph launches (0: none)")
+      ->capture_default_str();
+  bench_ar->add_option("-z,--blocking", bench.blocking,
+                       "0 or 1; every AllReduce here returns when done either way")
+      ->capture_default_str();
+  bench_ar->add_option("-p,--parallel_init", bench.parallel_init, "0 or 1 (one rank per process)")
       ->capture_default_str();
   bench_ar->add_option("--link-gbps", bench.link_gbps,
                        "Link rate in Gbit/s: also print busbw as a share of it");
@@ -365,6 +382,13 @@ int main(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(cargs.size()), cargs.data());
   } catch (const CLI::ParseError& e) {
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr && run_cmd->parsed() &&
+        pipesgd::launcher::IsProgram(run.config_path)) {
+      std::fprintf(stderr, "error: run: %s is a program: give its arguments after --, as in "
+                           "pipesgd run -np N -- %s ARGS...\n",
+                   run.config_path.c_str(), run.config_path.c_str());
+      return 2;
+    }
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;  // --help and --version exit 0; usage errors 2
   }
@@ -383,8 +407,25 @@ int main(int argc, char** argv) {
     if (*run_cmd) {
       pipesgd::InitLogging(run.verbose);
       const bool over_ssh = !host_lists.empty() || !hostfile.empty();
+      namespace fs = std::filesystem;
+      std::error_code ec;
       if (program.empty() && pipesgd::launcher::IsProgram(run.config_path)) {
-        program = {run.config_path};  // `pipesgd run -np 4 ./my_program`
+        // `pipesgd run -np 4 ./my_program`; a file named as given, even without a '/'.
+        program = {run.config_path.find('/') == std::string::npos ? "./" + run.config_path
+                                                                  : run.config_path};
+      } else if (program.empty() && !run.config_path.empty() && !fs::exists(run.config_path, ec)) {
+        if (run.config_path.find('/') == std::string::npos) {
+          try {
+            pipesgd::launcher::FindProgram(run.config_path);
+            program = {run.config_path};  // `pipesgd run -np 4 hostname`, as mpirun takes it
+          } catch (const pipesgd::Error&) {
+          }
+        }
+        if (program.empty()) {
+          std::fprintf(stderr, "error: run: %s: no such config file (nor a program of that name "
+                               "on PATH)\n", run.config_path.c_str());
+          return 2;
+        }
       } else if (!program.empty() && !run.config_path.empty()) {
         std::fprintf(stderr, "error: run: both a config (%s) and a program after -- (%s); give "
                              "one\n", run.config_path.c_str(), program[0].c_str());

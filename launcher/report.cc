@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -82,7 +83,8 @@ Run LoadRun(const std::string& path) {
     }
   }
   if (run.curve.empty()) {
-    Throw(ErrorCode::kDataLoss, "report: {}: no evaluations in {}", path, metrics.string());
+    Throw(ErrorCode::kDataLoss, "report: {}: no evaluations (an empty metrics.jsonl)",
+          metrics.string());
   }
   return run;
 }
@@ -203,6 +205,12 @@ void RunReport(const ReportArgs& args) {
   if (args.runs.empty()) Throw(ErrorCode::kInvalidArgument, "report: give at least one RUN");
   std::vector<Run> runs;
   for (const auto& path : args.runs) runs.push_back(LoadRun(path));
+  // Runs of the same name (ring_k2 of two rates) are told apart by their paths.
+  std::map<std::string, int> uses;
+  for (const Run& r : runs) ++uses[r.name];
+  for (Run& r : runs) {
+    if (uses[r.name] > 1) r.name = r.path;
+  }
   std::vector<double> targets = args.targets;
   if (targets.empty()) {
     std::set<double> given;

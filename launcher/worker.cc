@@ -353,7 +353,7 @@ JobEnv ReadJobEnv() {
   env.master_addr = launch.master_addr;
   env.master_port = launch.master_port;
   if (launch.launcher != transport::Launcher::kEnv && env.rank == 0) {
-    PSGD_LOG_INFO("pipesgd worker: rank {} of {} from {}'s environment; rendezvous {}:{} ({})",
+    PSGD_LOG_INFO("rank {} of {} from {}'s environment; rendezvous {}:{} ({})",
                   env.rank, env.world_size, transport::ToString(launch.launcher),
                   env.master_addr, env.master_port, launch.master_from);
   }

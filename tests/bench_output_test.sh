@@ -64,8 +64,10 @@ run unchecked 4096,16384,65536 N/A sum --np 2 -b 4K -e 64K -f 4 -n 3 -w 1 -c 0
 run avg_steps 4096,24576,45056,65536 0 avg --np 3 -b 4K -e 64K -i 20K -n 2 -w 1 -o avg -a 3
 run compressed 262144,1048576 0 sum --np 3 -b 256K -e 1M -f 4 -n 2 -w 1 -c 1 \
   --compression fp16 --link-gbps 10
-# The old spelling, a bare -c, still means one checked iteration.
-run bare_c 4096 0 sum --np 2 -b 4K -e 4K -n 1 -w 0 -c
+# The old spelling, a bare -c, still means one checked iteration; all_reduce_perf's other
+# flags at the values that describe this bench are taken; -b rounds up to whole elements.
+run bare_c 4096 0 sum --np 2 -b 4K -e 4K -n 1 -w 0 -c -t 1 -g 1 -m 1 -z 0 -G 0 -p 0
+run odd_b 4,8,16 0 sum --np 2 -b 3 -e 16 -n 1 -w 0
 grep -q "^\[rank" "$tmp/checked.txt" && fail "a line carries the launcher's [rank R] prefix"
 
 errors() {
@@ -79,4 +81,7 @@ errors "-b 1048576 is larger than -e 4096" -b 1M -e 4K
 errors "-g 8: pipesgd drives one device per rank" -g 8
 errors "-d half: expected float" -d half
 errors "-o max: expected sum or avg" -o max
+errors "-c -1: expected 0 (no check) or a number of checks" -c -1
+errors "-t 2: expected 1" -t 2
+errors "-b 5 -e 6: no whole float32 element" -b 5 -e 6
 echo "ok: argument errors named before any rank starts"

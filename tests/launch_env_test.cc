@@ -159,6 +159,16 @@ TEST(LaunchEnv, ErrorsNameTheVariableAndTheValue) {
   EXPECT_NE(ErrorOf(bad_local).find("OMPI_COMM_WORLD_LOCAL_RANK='-1'"), std::string::npos);
 }
 
+TEST(LaunchEnv, ASingleTaskNeedsNoRendezvousHost) {
+  Env one = {{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_STEP_NODELIST", ""}};
+  EXPECT_EQ(Read(one).world_size, 1);
+  one["SLURM_STEP_NUM_TASKS"] = "2";
+  EXPECT_NE(ErrorOf(one).find("MASTER_ADDR, SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are all "
+                              "unset or empty"),
+            std::string::npos)
+      << ErrorOf(one);
+}
+
 TEST(LaunchEnv, FirstSlurmHost) {
   EXPECT_EQ(FirstSlurmHost("lab0", "V"), "lab0");
   EXPECT_EQ(FirstSlurmHost("lab[0-3]", "V"), "lab0");

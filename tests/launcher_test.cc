@@ -388,6 +388,21 @@ TEST(RunProgram, AnExecutableInPlaceOfTheConfigIsRunToo) {
   EXPECT_NE(r.out.find("[rank 1] rank 1 of 2\n"), std::string::npos) << r.out;
 }
 
+TEST(RunProgram, ANameOnPathInPlaceOfTheConfigAndArgumentsThatNeedDashes) {
+  auto r = RunCommand({kBinary, "run", "-np", "2", "true"}, {}, 60);  // as mpirun takes it
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("starting 2 ranks of /[^ ]*/true ")))
+      << r.out;
+  TempDir dir;
+  const std::string script = dir.File("rank.sh", "#!/bin/sh\necho \"$@\"\n");
+  fs::permissions(script, fs::perms::owner_all);
+  r = RunCommand({kBinary, "run", "-np", "2", script, "a", "b"}, {}, 60);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find(fmt::format("run: {} is a program: give its arguments after --", script)),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(RunProgram, AFailingRankStopsTheOthersAndItsStatusIsTheJobs) {
   const auto start = std::chrono::steady_clock::now();
   const auto r = RunCommand({kBinary, "run", "-np", "3", "--", "sh", "-c",
@@ -417,6 +432,12 @@ TEST(RunProgram, UsageErrorsNameWhatIsWrong) {
   EXPECT_NE(r.err.find("program pipesgd-no-such-program: not found on PATH"), std::string::npos)
       << r.err;
   EXPECT_EQ(r.out.find("[rank"), std::string::npos) << "a rank started: " << r.out;
+  r = RunCommand({kBinary, "run", "-np", "2", "pipesgd-no-such-program"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("run: pipesgd-no-such-program: no such config file (nor a program of "
+                       "that name on PATH)"),
+            std::string::npos)
+      << r.err;
   r = RunCommand({kBinary, "run", "-np", "2", "--", "./pipesgd-no-such-file"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("program ./pipesgd-no-such-file: no such file"), std::string::npos)

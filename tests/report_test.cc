@@ -44,6 +44,15 @@ TEST(Report, HeadlineRunsSideBySide) {
   EXPECT_EQ(std::string(magic, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << png;
 }
 
+TEST(Report, RunsOfTheSameNameAreToldApartByPath) {
+  const std::string other =
+      std::string(PIPESGD_SOURCE_DIR) + "/docs/results/time_to_accuracy/mlp/1gbit/ring_k2";
+  const auto r = RunCommand({kBinary, "report", kRuns + "ring_k2", other, "--png", ""});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("| " + kRuns + "ring_k2 | RING | 2 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| " + other + " | RING | 2 |"), std::string::npos) << r.out;
+}
+
 TEST(Report, BadRunsAreNamed) {
   TempDir dir;
   std::filesystem::create_directories(dir.path("empty"));
@@ -57,6 +66,12 @@ TEST(Report, BadRunsAreNamed) {
   r = RunCommand({kBinary, "report", bad, "--png", ""});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find(bad + " line 2: expected a metrics object"), std::string::npos) << r.err;
+  const std::string empty = dir.File("empty.jsonl", "");
+  r = RunCommand({kBinary, "report", empty, "--png", ""});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("report: " + empty + ": no evaluations (an empty metrics.jsonl)"),
+            std::string::npos)
+      << r.err;
   r = RunCommand({kBinary, "report", kRuns + "ring_k2", "--target", "85", "--png", ""});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--target 85: expected an accuracy in (0, 1]"), std::string::npos) << r.err;

@@ -136,7 +136,7 @@ LaunchEnv ReadLaunchEnv(const EnvLookup& lookup) {
       env.master_addr = hnp;
       env.master_from = "mpirun's host (OMPI_MCA_orte_hnp_uri); if rank 0 runs elsewhere, "
                         "pass -x MASTER_ADDR=<rank 0's host>";
-    } else if (get("MASTER_ADDR") == nullptr) {
+    } else if (get("MASTER_ADDR") == nullptr && env.world_size > 1) {
       Throw(ErrorCode::kInvalidArgument,
             "environment: Open MPI rank {} of {} on several nodes, but neither MASTER_ADDR nor "
             "OMPI_MCA_orte_hnp_uri says where rank 0 runs; pass -x MASTER_ADDR=<rank 0's host> "
@@ -159,10 +159,10 @@ LaunchEnv ReadLaunchEnv(const EnvLookup& lookup) {
       // Block and cyclic distributions both put rank 0 on the step's first node.
       env.master_addr = FirstSlurmHost(nodes, var);
       env.master_from = fmt::format("the first host of {}={}", var, nodes);
-    } else if (get("MASTER_ADDR") == nullptr) {
+    } else if (get("MASTER_ADDR") == nullptr && env.world_size > 1) {
       Throw(ErrorCode::kInvalidArgument,
-            "environment: Slurm rank {} of {}, but neither MASTER_ADDR nor SLURM_STEP_NODELIST "
-            "nor SLURM_JOB_NODELIST is set",
+            "environment: Slurm rank {} of {}, but MASTER_ADDR, SLURM_STEP_NODELIST and "
+            "SLURM_JOB_NODELIST are all unset or empty",
             env.rank, env.world_size);
     }
     if (const char* job = get("SLURM_JOB_ID"); job != nullptr) {

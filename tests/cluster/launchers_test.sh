@@ -151,7 +151,7 @@ CONF
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
     on_node 0 timeout 120 srun -N4 -n4 --kill-on-bad-exit=1 "$PIPESGD" worker "$CONFIG" \
     "${SHORT[@]}" --out "$tmp/srun" > "$tmp/srun.out" 2>&1 || { show "$tmp/srun.out"; fail "srun"; }
-  grep -q "pipesgd worker: rank 0 of 4 from Slurm's environment; rendezvous lab0:" "$tmp/srun.out" \
+  grep -q "rank 0 of 4 from Slurm's environment; rendezvous lab0:" "$tmp/srun.out" \
     || { show "$tmp/srun.out"; fail "srun: rank 0 did not take its place from Slurm"; }
   on_their_nodes "$tmp/srun.out" srun
   same_bits "$tmp/srun" "srun -N4 -n4 pipesgd worker"
@@ -177,7 +177,7 @@ mode_mpirun() {
       --mca routed direct -x OPENBLAS_NUM_THREADS=1 \
       -x OMP_NUM_THREADS=1 "$PIPESGD" worker "$CONFIG" "${SHORT[@]}" --out "$tmp/mpirun" \
     > "$tmp/mpirun.out" 2>&1 || { show "$tmp/mpirun.out"; fail "mpirun"; }
-  grep -q "pipesgd worker: rank 0 of 4 from Open MPI's environment; rendezvous $(addr 0):" \
+  grep -q "rank 0 of 4 from Open MPI's environment; rendezvous $(addr 0):" \
     "$tmp/mpirun.out" || { show "$tmp/mpirun.out"; fail "mpirun: rank 0 did not listen at mpirun's host"; }
   on_their_nodes "$tmp/mpirun.out" mpirun
   same_bits "$tmp/mpirun" "mpirun -np 4 --host (4 nodes) pipesgd worker"
