@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bandwidth-limited speedup experiment (issue 6) on the emulated lab (root only):
+# The bandwidth-limited speedup experiment on the emulated lab (root only):
 #
 #   bench/speedup_lab.sh run RATE     one link rate (100mbit, 1gbit, none = unshaped)
 #   bench/speedup_lab.sh report       tables and plots from every rate run so far

@@ -113,7 +113,7 @@ for rate in RATES:
 
 md = []
 md += ["# Speedup on a bandwidth-limited cluster: Pipe-SGD against its baselines", "",
-       "Issue 6's experiment: every scheme on the Fashion-MNIST MLP (784-256-128-10, 235,146",
+       "The bandwidth-limited speedup experiment: every scheme on the Fashion-MNIST MLP (784-256-128-10, 235,146",
        "parameters, 940,584 gradient bytes) on the emulated lab, at several link rates, with the",
        "timing models' predictions (docs/timing_models.md) beside the measurements.", ""]
 st0 = data[RATES[0]]["setup"] if RATES else {}

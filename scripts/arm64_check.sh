@@ -9,8 +9,8 @@
 #   scripts/arm64_check.sh --light    the CI subset (build-arm64-light, without the layers,
 #                                     -O1): the installed libraries, api_test (AllReduce exact
 #                                     sums, fp16 on the wire, width-2 training of a callback
-#                                     model) and the 2-rank AllReduce (README, "Use it as a
-#                                     library"); no other test binaries are built
+#                                     model) and the 2-rank AllReduce (docs/library.md); no
+#                                     other test binaries are built
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=full

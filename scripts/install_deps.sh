@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   build-essential cmake pkg-config ninja-build
-  # libraries (see README "Dependencies")
+  # libraries (see docs/building.md)
   libprotobuf-dev protobuf-compiler
   libboost-dev
   libopenblas-dev

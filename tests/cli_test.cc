@@ -721,7 +721,7 @@ TEST(Cli, HelpListsSubcommands) {
 }  // namespace
 }  // namespace pipesgd
 
-// --- issue 6: baselines, timing models, timeline -------------------------------------------
+// --- baselines, timing models, timeline ---------------------------------------------------
 
 namespace pipesgd {
 namespace {

@@ -676,7 +676,7 @@ TEST_F(ConfigTest, FailedOverrideLeavesNoHalfAddedElement) {
                         "pipesgd.config.Layer message"));
 }
 
-// model.device / model.gpu_index (issue 8): defaults, the GPU index range, gpu_index without
+// model.device / model.gpu_index: defaults, the GPU index range, gpu_index without
 // CUDA, and CUDA in a build without the backend.
 TEST_F(ConfigTest, ModelDeviceAndGpuIndex) {
   const config::Job job = LoadJobConfig(Write(kModel), {});
@@ -779,7 +779,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// train.mode, job.sdpipe and job.straggler (issue 10): defaults, and bad values named.
+// train.mode, job.sdpipe and job.straggler: defaults, and bad values named.
 TEST(SdpipeConfig, DefaultsAreTheNotesAndBadValuesAreNamed) {
   const std::string shipped =
       std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp.pbtxt";

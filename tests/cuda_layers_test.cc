@@ -132,7 +132,7 @@ TEST(CudaLayers, ReluMatchesCpu) {
   CompareLayer(*layers::MakeRelu(101), *cuda::MakeCudaRelu(101), 7, 3);
 }
 
-// The convolutional layers of issue 8 against their CPU versions: odd sizes, stride and padding
+// The CUDA convolutional layers against their CPU versions: odd sizes, stride and padding
 // that leave partial windows, overlapping pooling windows (stride < kernel), dropout with the
 // same key and global rows (bitwise the same mask), flatten.
 // The CPU side is the im2col + OpenBLAS reference, whose NaN rule the CUDA pooling shares.
