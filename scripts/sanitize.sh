@@ -20,11 +20,10 @@ if [[ "$WHICH" == asan || "$WHICH" == all ]]; then
   cmake --build build-asan --parallel "$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -LE "cluster|rdma" --output-on-failure -j "$jobs" \
-    -E "MainJob|CompressedMainJob|CnnJob|StartupFailure|StalledRank|bench\.output"
-  # Excluded: the accuracy runs (same code paths as shorter tests, 3x slower here), the
+    -E "MainJob|CompressedMainJob|CnnJob|StartupFailure|StalledRank"
+  # Excluded: the accuracy runs (same code paths as shorter tests, 3x slower here) and the
   # phase x victim matrix (38 four-process jobs, mostly waiting out deadlines; the relay and the
-  # rendezvous under ASan are failure_relay_test and rendezvous_test) and the bench's five
-  # parsed runs (its code runs under ASan in cli_test's Bench.*).
+  # rendezvous under ASan are failure_relay_test and rendezvous_test).
 fi
 if [[ "$WHICH" == tsan || "$WHICH" == all ]]; then
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
