@@ -462,9 +462,7 @@ int main(int argc, char** argv) {
         }
       }
       run.master_addr_given = run_cmd->count("--master-addr") > 0;
-      for (int i = 0; i < argc; ++i) {
-        run.command_line += (i ? " " : "") + pipesgd::launcher::ShellQuote(argv[i]);
-      }
+      run.command_line = pipesgd::launcher::ShellJoin({argv, argv + argc});
       // Per-network choices reach every rank as config overrides, so the config check and the
       // rendezvous's comparison of configs cover them too.
       if (!transport_name.empty()) {

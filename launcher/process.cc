@@ -1,13 +1,16 @@
 #include "launcher/process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -115,6 +118,49 @@ Child SpawnChild(const ChildSpec& spec, const std::string& what) {
   child.out_fd = out[0];
   child.err_fd = err[0];
   return child;
+}
+
+ChildResult RunChild(const ChildSpec& spec, const std::string& what, Deadline deadline) {
+  Child child = SpawnChild(spec, what);
+  if (child.stdin_fd >= 0) close(child.stdin_fd);
+  ChildResult result;
+  char buf[4096];
+  while (child.out_fd >= 0 || child.err_fd >= 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline.when() - Deadline::Clock::now());
+    if (left.count() <= 0) {
+      kill(child.pid, SIGKILL);
+      waitpid(child.pid, nullptr, 0);
+      for (int fd : {child.out_fd, child.err_fd}) {
+        if (fd >= 0) close(fd);
+      }
+      Throw(ErrorCode::kDeadlineExceeded, "{} did not finish in time; killed", what);
+    }
+    pollfd fds[2] = {{child.out_fd, POLLIN, 0}, {child.err_fd, POLLIN, 0}};
+    if (poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0 &&
+        errno != EINTR) {
+      break;
+    }
+    for (int k = 0; k < 2; ++k) {
+      int& fd = k == 0 ? child.out_fd : child.err_fd;
+      if (fd < 0 || (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      if (n > 0 && k == 1) result.err.append(buf, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        close(fd);
+        fd = -1;
+      }
+    }
+  }
+  while (waitpid(child.pid, &result.status, 0) < 0 && errno == EINTR) {
+  }
+  return result;
+}
+
+std::string RankHost() {
+  if (const char* host = std::getenv("PIPESGD_HOST"); host != nullptr && *host) return host;
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0' ? name : "this host";
 }
 
 std::string SelfExe() {

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/base/deadline.h"
+
 namespace pipesgd::launcher {
 
 // What every rank gets where the launcher's environment (or, over ssh, the host's) has no value:
@@ -47,6 +49,20 @@ struct Child {
 // Starts `spec`. If exec fails, the child writes "cannot exec PROGRAM: REASON" to its stderr and
 // exits 127. Throws Error kIo if a pipe or the fork fails (naming `what`, e.g. "rank 2").
 Child SpawnChild(const ChildSpec& spec, const std::string& what);
+
+// Runs `spec` to its end and returns its wait status, keeping what it wrote to stderr. Both
+// pipes are drained together (a child filling one cannot block), and at `deadline` the child
+// is killed. Throws Error kIo if it cannot start, kDeadlineExceeded (naming `what`) at the
+// deadline.
+struct ChildResult {
+  int status = 0;
+  std::string err;
+};
+ChildResult RunChild(const ChildSpec& spec, const std::string& what, Deadline deadline);
+
+// This rank's host for messages and summary.json: PIPESGD_HOST (the name the launcher's host
+// list used), else this machine's hostname, else "this host".
+std::string RankHost();
 
 // The path of this program (/proc/self/exe). Throws Error kIo if it cannot be read.
 std::string SelfExe();

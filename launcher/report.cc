@@ -1,8 +1,5 @@
 #include "launcher/report.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -179,23 +176,10 @@ void Plot(const std::vector<Run>& runs, const std::vector<double>& targets, cons
   ChildSpec spec;
   spec.argv = {gnuplot, script_path.string()};
   spec.own_process_group = false;
-  Child child = SpawnChild(spec, "gnuplot");
-  std::string err;
-  char buf[4096];
-  for (int* fd : {&child.out_fd, &child.err_fd}) {
-    ssize_t n;
-    while ((n = read(*fd, buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR)) {
-      if (n > 0 && fd == &child.err_fd) err.append(buf, static_cast<size_t>(n));
-    }
-    close(*fd);
-    *fd = -1;
-  }
-  int status = 0;
-  while (waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (ExitCodeOf(status) != 0) {
-    Throw(ErrorCode::kUnavailable, "report: gnuplot {} writing {}: {}", DescribeWaitStatus(status),
-          png, err);
+  const ChildResult done = RunChild(spec, "gnuplot", Deadline::After(120));
+  if (ExitCodeOf(done.status) != 0) {
+    Throw(ErrorCode::kUnavailable, "report: gnuplot {} writing {}: {}",
+          DescribeWaitStatus(done.status), png, done.err);
   }
 }
 

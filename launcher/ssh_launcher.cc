@@ -226,6 +226,12 @@ std::string ShellQuote(const std::string& word) {
   return out + "'";
 }
 
+std::string ShellJoin(const std::vector<std::string>& words) {
+  std::string line;
+  for (const auto& w : words) line += (line.empty() ? "" : " ") + ShellQuote(w);
+  return line;
+}
+
 std::vector<std::string> SshArgv(const SshOptions& ssh, const std::string& host,
                                  const std::string& remote_command) {
   std::vector<std::string> argv = {ssh.program, "-o", "BatchMode=yes", "-o",

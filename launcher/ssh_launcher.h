@@ -45,6 +45,9 @@ std::vector<std::string> SshArgv(const SshOptions& ssh, const std::string& host,
 // digits and _./:,@%+- only stays as it is.
 std::string ShellQuote(const std::string& word);
 
+// `words` as one shell command line: each ShellQuote-d, joined by spaces.
+std::string ShellJoin(const std::vector<std::string>& words);
+
 // Runs the job over ssh. Returns the exit code as Supervise does. Throws pipesgd::Error before
 // anything is started: kInvalidArgument (bad config, -np larger than the slots, bad -x),
 // kUnavailable (the preflight failed on some hosts; the message lists each with the reason).

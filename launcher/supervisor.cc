@@ -548,8 +548,7 @@ int RunLocal(const RunArgs& args) {
     if (args.verbose) argv.push_back("--verbose");
     argv.insert(argv.end(), args.extra_worker_args.begin(), args.extra_worker_args.end());
   }
-  char name[256] = {};
-  const std::string host = gethostname(name, sizeof(name) - 1) == 0 ? name : "localhost";
+  const std::string host = RankHost();
   std::string hosts;  // every rank's host, in rank order, for summary.json
   for (int r = 0; r < args.num_processes; ++r) hosts += (r ? "," : "") + host;
   std::vector<RankCommand> commands;

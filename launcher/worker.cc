@@ -36,6 +36,7 @@
 #include "launcher/config.h"
 #include "launcher/model_builder.h"
 #include "launcher/pipeline_worker.h"
+#include "launcher/process.h"
 #include "launcher/fault.h"
 #include "launcher/ring_mode.h"
 #include "launcher/sdpipe_worker.h"
@@ -338,12 +339,7 @@ PeerLinks ConnectPeers(const JobEnv& env, const std::string& job, const std::vec
 JobEnv ReadJobEnv() {
   JobEnv env;
   if (const char* token = std::getenv("PIPESGD_JOB_TOKEN"); token) env.job_token = token;
-  if (const char* host = std::getenv("PIPESGD_HOST"); host && *host) {
-    env.host = host;
-  } else {
-    char name[256] = {};
-    env.host = gethostname(name, sizeof(name) - 1) == 0 ? name : "this host";
-  }
+  env.host = RankHost();
   const transport::LaunchEnv launch = transport::ReadLaunchEnv();
   if (launch.launcher == transport::Launcher::kNone) return env;  // a single process
   env.launcher = launch.launcher;

@@ -1,6 +1,5 @@
 // What every training mode reports, the same way: the run plan of job.train, the console and
 // metrics.jsonl lines of each evaluation, the last line, and summary.json (worker_detail.h).
-#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -19,6 +18,7 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "launcher/model_builder.h"
+#include "launcher/process.h"
 #include "launcher/ssh_launcher.h"
 #include "launcher/worker_detail.h"
 #include "transport/launch_env.h"
@@ -157,23 +157,9 @@ std::string CommandLine() {
     return line;
   }
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::string line;
-  size_t begin = 0;
-  while (begin < all.size()) {
-    const size_t end = all.find('\0', begin);
-    const std::string word = all.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
-    line += (line.empty() ? "" : " ") + ShellQuote(word);
-    if (end == std::string::npos) break;
-    begin = end + 1;
-  }
-  return line;
-}
-
-std::string Host() {
-  if (const char* host = std::getenv("PIPESGD_HOST"); host != nullptr && *host) return host;
-  char name[256] = {};
-  return gethostname(name, sizeof(name) - 1) == 0 ? name : "";
+  std::vector<std::string> words;
+  for (std::string word; std::getline(in, word, '\0');) words.push_back(word);
+  return ShellJoin(words);
 }
 
 // Every rank's host in rank order where the launcher knows them (pipesgd run sets
@@ -188,7 +174,7 @@ nlohmann::json Hosts() {
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
-  if (hosts.empty()) hosts.push_back(Host());
+  if (hosts.empty()) hosts.push_back(RankHost());
   return hosts;
 }
 
@@ -226,7 +212,7 @@ nlohmann::json Summary(const SummaryInputs& in, const train::RunOutcome& outcome
           {"wire_bytes", in.wire_bytes},
           {"version", PIPESGD_VERSION},
           {"start_time", StartTime(in.wall_s)},
-          {"host", Host()},  // rank 0's
+          {"host", RankHost()},  // rank 0's
           {"hosts", Hosts()},
           {"launcher", LauncherName()},
           {"command_line", CommandLine()},
