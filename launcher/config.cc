@@ -636,6 +636,8 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Comm>(Comm::kPowersgdRankFieldNumber), IntRange{0, 64}},
       {Field<Comm>(Comm::kIbPortFieldNumber), IntRange{0, 255}},
       {Field<Comm>(Comm::kGidIndexFieldNumber), IntRange{-1, 255}},
+      {Field<Comm>(Comm::kIbTimeoutFieldNumber), IntRange{1, 31}},
+      {Field<Comm>(Comm::kIbRetryCountFieldNumber), IntRange{0, 7}},
       {Field<config::Checkpoint>(config::Checkpoint::kEveryStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<config::Checkpoint>(config::Checkpoint::kEveryEpochsFieldNumber), IntRange{0, std::nullopt}},
       {Field<config::Checkpoint>(config::Checkpoint::kKeepFieldNumber), IntRange{1, 1000}},

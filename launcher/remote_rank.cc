@@ -181,8 +181,8 @@ RemoteJob DecodeRemoteJob(const std::string& line) {
 int RunRemoteProbe() {
   std::string out = "probe 1\nversion " PIPESGD_VERSION "\n";
   if (const char* c = std::getenv("SSH_CONNECTION"); c && *c) out += fmt::format("ssh_connection {}\n", c);
-  for (const auto& i : transport::ListIpv4Interfaces()) {
-    if (i.up) out += fmt::format("interface {} {}\n", i.name, i.address);
+  for (const auto& i : transport::ListNetInterfaces()) {
+    out += fmt::format("interface {} {}/{}\n", i.name, i.ip, i.prefix_len);
   }
   out += fmt::format("free_port {}\n", FindFreePort());
   return WriteAll(STDOUT_FILENO, out.data(), out.size()) ? 0 : 1;

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -51,7 +52,7 @@ struct HostInfo {
   std::string version;
   std::string server_address;  // where ssh reached the host ($SSH_CONNECTION's third field)
   int free_port = 0;
-  std::vector<transport::LocalInterface> interfaces;
+  std::vector<transport::NetInterface> interfaces;  // up, IPv4
 };
 
 std::string Trimmed(const std::string& text) {
@@ -187,9 +188,21 @@ std::optional<HostInfo> ParseProbe(const std::string& out) {
     } else if (key == "free_port") {
       words >> info.free_port;
     } else if (key == "interface") {
-      transport::LocalInterface i;
-      words >> i.name >> i.address;
-      i.loopback = i.name == "lo" || i.address.rfind("127.", 0) == 0;
+      // "interface eth0 10.0.0.2/24"
+      transport::NetInterface i;
+      std::string cidr;
+      words >> i.name >> cidr;
+      const size_t slash = cidr.find('/');
+      i.ip = cidr.substr(0, slash);
+      i.prefix_len = 32;  // no or a bad prefix: the address alone (the launcher needs no subnet)
+      if (slash != std::string::npos) {
+        int n = -1;
+        const char* end = cidr.data() + cidr.size();
+        if (auto [p, ec] = std::from_chars(cidr.data() + slash + 1, end, n);
+            ec == std::errc() && p == end && n >= 0 && n <= 32) {
+          i.prefix_len = n;
+        }
+      }
       info.interfaces.push_back(i);
     }
   }
@@ -320,9 +333,13 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
     master_addr = lead.server_address;
     const std::string& spec = job.comm().network_interface();
     if (!spec.empty()) {
-      master_addr = transport::PickInterface(lead.interfaces, transport::ParseInterfaceFilter(spec),
-                                             lead.server_address)
-                        .address;
+      // The same choice rank 0's worker makes there, with the address ssh reached it at as the
+      // route; the worker then listens on it.
+      const char* source = "comm.network_interface";
+      master_addr = transport::ChooseInterface(lead.interfaces,
+                                               transport::ParseIfnameFilter(spec, source), source,
+                                               "", lead.server_address)
+                        .iface.ip;
     }
     if (master_addr.empty()) {
       Throw(ErrorCode::kInvalidArgument,

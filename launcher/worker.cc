@@ -250,26 +250,19 @@ ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, i
   const bool ucx_devices = topt.kind == transport::TransportKind::kUcx && filter &&
                            !std::getenv("UCX_NET_DEVICES");
   if (env.world_size > 1 && (tcp || ucx_devices)) {
-    const std::string target =
-        transport::ResolveEndpoint(env.master_addr, env.master_port).address().to_string();
-    std::string routed;
-    try {
-      routed = transport::LocalIpToward(env.master_addr, env.master_port);
-    } catch (const Error&) {
-      // No route: the subnet and name rules still apply.
-    }
-    const transport::InterfaceChoice choice = transport::ChooseInterface(
-        transport::ListNetInterfaces(), filter, source, target, routed);
+    const transport::InterfaceChoice choice =
+        transport::ChooseLocalInterface(filter, source, env.master_addr, env.master_port);
     iface_name = choice.iface.name;
     iface_address = choice.iface.ip;
+    // Why this interface: -v (the "rank R on HOST" line below names it on every console).
     if (tcp) {
       topt.bind_host = choice.iface.ip;
-      PSGD_LOG_INFO("rank {}: tcp on {} {} ({})", env.rank, choice.iface.name, choice.iface.ip,
-                    choice.reason);
+      PSGD_LOG_DEBUG("rank {}: tcp on {} {} ({})", env.rank, choice.iface.name, choice.iface.ip,
+                     choice.reason);
     } else {
       topt.ucx_net_devices = choice.iface.name;
-      PSGD_LOG_INFO("rank {}: ucx NET_DEVICES={} ({}; set UCX_NET_DEVICES to override)", env.rank,
-                    choice.iface.name, choice.reason);
+      PSGD_LOG_DEBUG("rank {}: ucx NET_DEVICES={} ({}; set UCX_NET_DEVICES to override)",
+                     env.rank, choice.iface.name, choice.reason);
     }
   }
   // One line per rank naming host, transport and interface (the ssh launcher's tests read it).
@@ -283,6 +276,8 @@ ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, i
   topt.ib_device = comm.ib_device();
   topt.ib_port = comm.ib_port();
   topt.gid_index = comm.gid_index();
+  topt.ib_ack_timeout = comm.ib_timeout();
+  topt.ib_retry_count = comm.ib_retry_count();
   auto transport = transport::CreateTransport(topt);
   // The resolved transport is part of the job: ranks whose `auto` resolved differently (one host
   // with RDMA, one without) are rejected at rendezvous by name.
@@ -466,7 +461,7 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
     PSGD_LOG_INFO("pipesgd worker: world size {}, pipeline width {} ({}), comm.transport {}",
                   env.world_size, width, width == 1 ? "synchronous SGD" : "Pipe-SGD",
                   config::Transport_Name(comm_cfg.transport()));
-    PSGD_LOG_INFO("effective config ({}): {}", args.config_path, FormatConfig(job, true));
+    LogEffectiveConfig(args.config_path, job);
   }
 
   // Data and model. Every rank loads the same files and initialises the same parameters from

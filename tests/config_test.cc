@@ -493,6 +493,10 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"comm.ib_port=256", false}, RangeCase{"comm.ib_port=-1", false},
         RangeCase{"comm.gid_index=-1", true}, RangeCase{"comm.gid_index=255", true},
         RangeCase{"comm.gid_index=-2", false}, RangeCase{"comm.gid_index=256", false},
+        RangeCase{"comm.ib_timeout=1", true}, RangeCase{"comm.ib_timeout=31", true},
+        RangeCase{"comm.ib_timeout=0", false}, RangeCase{"comm.ib_timeout=32", false},
+        RangeCase{"comm.ib_retry_count=0", true}, RangeCase{"comm.ib_retry_count=7", true},
+        RangeCase{"comm.ib_retry_count=-1", false}, RangeCase{"comm.ib_retry_count=8", false},
         RangeCase{"model.layers[0].linear.out_features=0", false},
         RangeCase{"model.input_channels=0", false}, RangeCase{"model.input_height=-1", false},
         RangeCase{"model.input_width=0", false}, RangeCase{"model.input_width=1", true}));

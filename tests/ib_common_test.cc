@@ -327,6 +327,34 @@ TEST(IbverbsHere, NoDeviceMeansAClearErrorAndAutoSkipsIt) {
   EXPECT_EQ(choice.reason.rfind("no RDMA device (ibv_get_device_list found none); ", 0), 0u)
       << choice.reason;
 }
+
+// Out-of-range ACK timeout or retry count: named with its value, before any device work (the
+// queue pair would take them modulo 32 and 8), on any host.
+TEST(IbverbsHere, AckTimeoutAndRetryCountOutOfRangeAreNamed) {
+  IbOptions options;
+  options.world_size = 2;
+  options.peers = {1};
+  options.ack_timeout = 32;
+  try {
+    CreateIbTransport(options);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_STREQ(e.what(),
+                 "rank 0: ibverbs ACK timeout 32 is out of range: expected an exponent in [1, 31] "
+                 "(4.096 us * 2^timeout per try; comm.ib_timeout)");
+  }
+  options.ack_timeout = 18;
+  options.retry_count = 8;
+  try {
+    CreateIbTransport(options);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_STREQ(e.what(),
+                 "rank 0: ibverbs retry count 8 is out of range: expected [0, 7] (comm.ib_retry_count)");
+  }
+}
 #endif
 
 // Regression: AUTO chose UCX without RDMA, half as fast as TCP over the same loopback.

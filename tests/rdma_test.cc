@@ -184,7 +184,8 @@ TEST_F(Rdma, SmallMemlockLimitIsNamedForANonRootUser) {
 }
 
 // A rank killed mid-training over ibverbs, ranks started by hand (as under Slurm): every other
-// rank fails naming it, seconds after, well before the 30 s collective deadline.
+// rank fails naming it, seconds after (~8 s at the default comm.ib_timeout and retries), well
+// before the 60 s collective deadline.
 TEST_F(Rdma, KilledRankIsNamedInTimeOverIbverbs) {
   constexpr int kWorld = 3;
   const uint16_t port = testing::FreePort();
@@ -197,7 +198,7 @@ TEST_F(Rdma, KilledRankIsNamedInTimeOverIbverbs) {
       results[r] = RunCommand(
           {kBinary, "worker", kConfig, "--set", "train.max_steps=400", "--set",
            "data.train_limit=4096", "--set", "data.test_limit=256", "--set",
-           "comm.transport=ibverbs", "--set", "comm.timeout_s=30"},
+           "comm.transport=ibverbs", "--set", "comm.timeout_s=60"},
           {{"RANK", std::to_string(r)},
            {"WORLD_SIZE", std::to_string(kWorld)},
            {"MASTER_ADDR", "127.0.0.1"},
@@ -217,7 +218,7 @@ TEST_F(Rdma, KilledRankIsNamedInTimeOverIbverbs) {
                 results[r].exit_code);
     EXPECT_EQ(results[r].exit_code, 3) << err;
     EXPECT_NE(err.find(named), std::string::npos) << named << "\n" << err;
-    EXPECT_LT(end_s[r] - end_s[2], 10.0) << err;
+    EXPECT_LT(end_s[r] - end_s[2], 20.0) << err;
   }
 }
 

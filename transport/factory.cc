@@ -73,7 +73,8 @@ std::unique_ptr<Transport> CreateTransport(const TransportOptions& o) {
     case TransportKind::kIbverbs:
 #ifdef PIPESGD_HAVE_IBVERBS
       return ibverbs::CreateIbTransport({o.rank, o.world_size, o.peers, o.streams, o.ib_device,
-                                         o.ib_port, o.gid_index});
+                                         o.ib_port, o.gid_index, o.ib_ack_timeout,
+                                         o.ib_retry_count});
 #else
       Throw(ErrorCode::kInvalidArgument,
             "rank {}: this pipesgd was built without the ibverbs transport (libibverbs-dev was "

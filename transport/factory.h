@@ -39,6 +39,9 @@ struct TransportOptions {
   std::string ib_device;
   int ib_port = 0;
   int gid_index = -1;
+  // ibverbs: ACK timeout exponent and retry count (comm.ib_timeout, comm.ib_retry_count).
+  int ib_ack_timeout = 18;
+  int ib_retry_count = 6;
 };
 
 // Throws Error kInvalidArgument if the kind is not in this build (naming the missing library),

@@ -1,6 +1,8 @@
-// Network interface selection for every transport (TCP, UCX's NET_DEVICES, the ssh launcher), in NCCL_SOCKET_IFNAME's grammar, read from
-// comm.network_interface or the PIPESGD_SOCKET_IFNAME environment variable (the launcher reads
-// both; this file only parses and chooses).
+// Network interface selection, once, for every user: the TCP transport's listen address, UCX's
+// NET_DEVICES, and the ssh launcher's rendezvous address (chosen from rank 0's host's list, which
+// its preflight reports). In NCCL_SOCKET_IFNAME's grammar, read from comm.network_interface or
+// the PIPESGD_SOCKET_IFNAME environment variable (the callers read those; this file only parses
+// and chooses).
 //
 // Grammar (NCCL's): a comma-separated list of interface name prefixes.
 //   eth,ib        interfaces whose name starts with "eth" or "ib"
@@ -72,52 +74,12 @@ InterfaceChoice ChooseInterface(const std::vector<NetInterface>& interfaces,
                                 std::string_view filter_source, const std::string& target_ip,
                                 const std::string& routed_ip);
 
-// The launcher's view (launcher/ssh_launcher.cc, remote_rank.cc): the same grammar, parsed with
-// errors that name the spec ("network interface '<spec>': ..."), and interface lists that
-// include interfaces that are down.
-
-struct InterfaceFilter {
-  std::string spec;  // as written, for messages
-  bool exclude = false;  // leading '^': the names say which interfaces NOT to use
-  bool exact = false;    // leading '=': whole names instead of prefixes
-  std::vector<std::string> names;  // non-empty entries, in the order written
-};
-
-// Parses `spec` (non-empty). Throws Error kInvalidArgument naming the spec and the problem: an
-// empty list or entry ("eth0,,ib"), whitespace or a character an interface name cannot hold
-// ('/', ':'), a name longer than 15 bytes (IFNAMSIZ - 1) with '=', a '^' or '=' in the wrong place.
-InterfaceFilter ParseInterfaceFilter(std::string_view spec);
-
-// True when interface `name` is allowed by the filter.
-bool InterfaceMatches(const InterfaceFilter& filter, std::string_view name);
-
-// An IPv4 address of this host and the interface that holds it.
-struct LocalInterface {
-  std::string name;     // "eth0"
-  std::string address;  // numeric IPv4, "10.0.0.3"
-  bool up = true;
-  bool loopback = false;
-};
-
-// Every IPv4 address on this host, in the kernel's order (getifaddrs). Throws Error kIo if the
-// list cannot be read.
-std::vector<LocalInterface> ListIpv4Interfaces();
-
-// Picks the interface among `interfaces` (pure; ChooseLocalInterface feeds it this host's list):
-// of the interfaces that are up and match `filter`, the one holding `route_address` (the source
-// address of this host's route toward the rendezvous) if it matches, else the first non-loopback
-// match, else the first (loopback) match. Throws Error kInvalidArgument naming the spec and
-// listing every interface present when nothing matches.
-LocalInterface PickInterface(const std::vector<LocalInterface>& interfaces,
-                             const InterfaceFilter& filter,
-                             const std::optional<std::string>& route_address);
-
-// The interface and address this rank should listen on and publish so that peers reach it:
-// ChooseInterface (the default order above: the rendezvous subnet first, lo or docker* only when
-// nothing else exists) on this host's interfaces, narrowed by `spec` when it is set, with
-// toward_host as the rendezvous address and the source address of the kernel's route toward it. Throws Error kInvalidArgument (bad spec, nothing matches, host does not resolve),
-// kUnavailable (no route toward the host), kIo (cannot list interfaces).
-LocalInterface ChooseLocalInterface(const std::string& spec, const std::string& toward_host,
-                                    uint16_t toward_port);
+// This host's interface toward the rendezvous: ChooseInterface over ListNetInterfaces, with
+// `toward_host` (numeric or a name) as the rendezvous address and the source address of the
+// kernel's route toward it (no route: the subnet and name rules still apply). Throws as
+// ChooseInterface, and Error kInvalidArgument if `toward_host` does not resolve.
+InterfaceChoice ChooseLocalInterface(const std::optional<IfnameFilter>& filter,
+                                     std::string_view filter_source,
+                                     const std::string& toward_host, uint16_t toward_port);
 
 }  // namespace pipesgd::transport

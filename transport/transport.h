@@ -9,6 +9,8 @@
 // Ops are non-blocking to post and complete in posting order per connection and direction.
 // Progress is driven by the thread that waits (Transport::Wait), as in UCX's
 // request_wait/ucp_worker_progress: no hidden I/O thread, no cross-thread hand-off per chunk.
+// The waiting (deadline, abort, stall warning) lives once, in Transport::Wait; a transport
+// supplies only its progress step and how it idles (as an NCCL net plugin supplies test()).
 // A Transport and its Connections are therefore thread-compatible, not thread-safe: one thread
 // (the trainer's communication thread) posts and waits.
 //
@@ -175,8 +177,9 @@ class Transport {
   // of the time it was given if that is shorter. After any error the caller may still post a
   // last message on the connections that work (the ring tells its neighbour why it stops) and
   // must then Close() the transport.
-  virtual void Wait(Op& op, Deadline deadline, const char* what,
-                    const std::atomic<bool>* abort = nullptr) = 0;
+  // Does not Close() on a deadline or an abort: the caller may still tell a neighbour why it
+  // stops, then closes.
+  void Wait(Op& op, Deadline deadline, const char* what, const std::atomic<bool>* abort = nullptr);
 
   // Runs handlers that are ready without blocking (lets sends progress while the caller
   // computes). Never throws; errors surface through the ops.
@@ -184,6 +187,16 @@ class Transport {
 
   // Closes every connection; pending ops fail with kAborted. Idempotent.
   virtual void Close() = 0;
+
+ protected:
+  // Wait's progress step: completes what it can without blocking; true if anything happened
+  // (Wait then polls again at once). Errors surface through the ops.
+  virtual bool ProgressOnce() = 0;
+  // After SpinsBeforeIdle() steps in a row with nothing done: blocks until something may have
+  // happened (an event fd, one asio handler) or `until`, which is at most 50 ms away.
+  virtual void Idle(Deadline::Clock::time_point until) = 0;
+  // Spinning costs a core but answers in microseconds; 0 idles at once.
+  virtual int SpinsBeforeIdle() const { return 0; }
 };
 
 }  // namespace pipesgd::transport

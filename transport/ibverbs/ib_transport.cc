@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "transport/ibverbs/gpudirect.h"
+#include "transport/op_queue.h"
 
 namespace pipesgd::transport::ibverbs {
 namespace {
@@ -31,15 +33,13 @@ constexpr uint32_t kCtrlSendSlots = kCredits + 8;
 constexpr uint32_t kSendDepth = kCtrlSendSlots + kCredits + 8;
 constexpr uint32_t kCtrlMagic = 0x58475350;  // "PSGX"
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-// Local ACK timeout 4.096 us * 2^16 ~ 268 ms, 6 retries: a queue pair whose peer is gone sees
-// IBV_WC_RETRY_EXC_ERR ~1.9 s after its last unacknowledged packet.
-constexpr uint8_t kAckTimeout = 16;
-// 6, not 7: soft-RoCE (rdma_rxe) treats a retry count of 7 as "retry forever", like rnr_retry.
-constexpr uint8_t kRetryCount = 6;
+// The ACK timeout and retry count (IbOptions: comm.ib_timeout, comm.ib_retry_count) decide when
+// a queue pair whose peer is gone sees IBV_WC_RETRY_EXC_ERR: (retries + 1) x 4.096 us x
+// 2^timeout after its last unacknowledged packet, ~7.5 s at 18 and 6.
 // A peer that dies sends nothing, and a receiver with nothing to send never learns of it: after
 // this long without a completion on a connection with pending ops, a zero-length RDMA write
 // (acknowledged by the peer's NIC, whatever its process is doing) asks whether its queue pair
-// still exists. Detection: this plus the retries above, ~2.4 s.
+// still exists. Detection: this plus the retries above.
 constexpr auto kProbeAfter = std::chrono::milliseconds(500);
 
 enum class CtrlType : uint8_t { kHello = 1, kCts = 2 };
@@ -92,24 +92,6 @@ const char* PortStateName(ibv_port_state state) {
 }
 
 int MtuBytes(uint8_t mtu) { return 128 << mtu; }
-
-// An FIFO of ops linked through Op::next_ (no allocation).
-struct OpQueue {
-  Op* head = nullptr;
-  Op* tail = nullptr;
-  void Push(Op* op) {
-    op->next_ = nullptr;
-    if (tail) tail->next_ = op; else head = op;
-    tail = op;
-  }
-  Op* Pop() {
-    Op* op = head;
-    head = op->next_;
-    if (!head) tail = nullptr;
-    op->next_ = nullptr;
-    return op;
-  }
-};
 
 // Op::seq_ holds a bit per finished part; an op is finished when every part's bit is set.
 bool Finished(const Op& op) { return op.seq_ == (uint64_t{1} << op.num_parts) - 1; }
@@ -166,6 +148,8 @@ class IbConnection final : public Connection {
   void ToRts();
   void Complete(OpQueue& queue);
   void FailWith(ErrorCode code, const std::string& what);
+  // Why a retry-exceeded completion most likely happened, with the knobs that set its time.
+  std::string RetryExceededWhy() const;
   uint8_t* CtrlRecvSlot(uint32_t i) { return arena_.get() + i * kCtrlBytes; }
   uint8_t* CtrlSendSlot(uint32_t i) { return CtrlRecvSlot(kRecvDepth) + i * kCtrlBytes; }
   uint8_t* StageRecv(uint32_t i) { return CtrlSendSlot(kCtrlSendSlots) + i * kStageBytes; }
@@ -245,10 +229,16 @@ class IbTransport final : public Transport {
   std::vector<std::unique_ptr<Connection>> Connect(
       const std::vector<std::pair<int, std::string>>& peers, Deadline deadline,
       int streams) override;
-  void Wait(Op& op, Deadline deadline, const char* what,
-            const std::atomic<bool>* abort) override;
   void Poll() override { PollCq(); }
   void Close() override;
+
+ protected:
+  bool ProgressOnce() override { return PollCq() > 0; }
+  // Idle connections with pending ops probe their peer first (kProbeAfter).
+  void Idle(Deadline::Clock::time_point until) override;
+  int SpinsBeforeIdle() const override { return 256; }
+
+ public:
 
   ibv_pd* pd() const { return pd_.get(); }
   ibv_cq* cq() const { return cq_.get(); }
@@ -256,6 +246,7 @@ class IbTransport final : public Transport {
   uint8_t mtu() const { return mtu_; }
   bool ethernet() const { return ethernet_; }
   int gid_index() const { return gid_index_; }
+  const IbOptions& options() const { return options_; }
   void Attach(size_t index, IbConnection* c) { live_[index] = c; }
   void Detach(size_t index) { live_.erase(index); }
   void AddRegion(IbRegion* r) { regions_.push_back(r); }
@@ -413,9 +404,10 @@ void IbConnection::ToRts() {
   attr = {};
   attr.qp_state = IBV_QPS_RTS;
   // A peer later than the retries to reach RTR costs a hello retry (RetryHelloIfDue), not the
-  // connection; a dead peer is reported ~2 s after the first packet it did not acknowledge.
-  attr.timeout = kAckTimeout;
-  attr.retry_cnt = kRetryCount;
+  // connection; a dead peer is reported (retries + 1) tries after the first packet it did not
+  // acknowledge.
+  attr.timeout = static_cast<uint8_t>(owner_.options().ack_timeout);
+  attr.retry_cnt = static_cast<uint8_t>(owner_.options().retry_count);
   attr.rnr_retry = 7;  // receive slots are always posted; 7 = retry forever
   attr.sq_psn = psn_;
   attr.max_rd_atomic = 1;
@@ -432,6 +424,15 @@ void IbConnection::ToRts() {
   hello.length = static_cast<uint32_t>(world_size_);
   ++hello_attempts_;
   PostCtrl(hello);  // the first control send: its completion sets hello_sent_
+}
+
+std::string IbConnection::RetryExceededWhy() const {
+  const IbOptions& o = owner_.options();
+  const double try_s = 4.096e-6 * std::ldexp(1.0, o.ack_timeout);
+  return fmt::format(
+      ": rank {} is gone or unreachable (no acknowledgement in {} tries of {:.3g} s: "
+      "comm.ib_timeout = {}, comm.ib_retry_count = {})",
+      peer_rank_, o.retry_count + 1, try_s, o.ack_timeout, o.retry_count);
 }
 
 void IbConnection::ProbeIfIdle(Deadline::Clock::time_point now) {
@@ -696,9 +697,7 @@ void IbConnection::OnCompletion(const ibv_wc& wc) {
                            : kind == WrKind::kProbe ? "a liveness probe"
                                                     : "a control send",
                            ibv_wc_status_str(wc.status), wc.vendor_err,
-                           wc.status == IBV_WC_RETRY_EXC_ERR
-                               ? fmt::format(": rank {} is gone or unreachable", peer_rank_)
-                               : ""));
+                           wc.status == IBV_WC_RETRY_EXC_ERR ? RetryExceededWhy() : ""));
     }
     return;
   }
@@ -773,6 +772,18 @@ void IbConnection::OnCompletion(const ibv_wc& wc) {
 // IbTransport
 
 IbTransport::IbTransport(const IbOptions& options) : options_(options) {
+  // Before any device work: a value the queue pairs would take silently modulo 32 or 8.
+  if (options.ack_timeout < 1 || options.ack_timeout > 31) {
+    Throw(ErrorCode::kInvalidArgument,
+          "rank {}: ibverbs ACK timeout {} is out of range: expected an exponent in [1, 31] "
+          "(4.096 us * 2^timeout per try; comm.ib_timeout)",
+          options.rank, options.ack_timeout);
+  }
+  if (options.retry_count < 0 || options.retry_count > 7) {
+    Throw(ErrorCode::kInvalidArgument,
+          "rank {}: ibverbs retry count {} is out of range: expected [0, 7] (comm.ib_retry_count)",
+          options.rank, options.retry_count);
+  }
   cuda_memory_ = GpuDirectUsable(&no_cuda_why_);
   memlock_ = ReadMemlockLimit();
   ipc_lock_ = HasIpcLockCapability();
@@ -924,43 +935,9 @@ void IbTransport::Close() {
   for (auto& [i, c] : live_) c->Fail(error);
 }
 
-void IbTransport::Wait(Op& op, Deadline deadline, const char* what,
-                       const std::atomic<bool>* abort) {
-  // Does not Close() on a deadline or an abort: the caller may still tell a neighbour why it
-  // stops, then closes (transport.h).
-  const auto start = Deadline::Clock::now();
-  const auto stall_after = std::min<Deadline::Clock::duration>(
-      std::chrono::seconds(10), (deadline.when() - start) / 4);
-  bool warned = false;
-  int idle = 0;
-  while (!op.done) {
-    if (abort && abort->load(std::memory_order_relaxed)) {
-      Throw(ErrorCode::kAborted, "rank {}: {}: aborted", options_.rank, what);
-    }
-    if (!warned && Deadline::Clock::now() - start > stall_after) {
-      warned = true;
-      PSGD_LOG_WARN("rank {}: still waiting after {:.1f} s for {} ({} of {} bytes; deadline in "
-                    "{:.0f} s)",
-                    options_.rank,
-                    std::chrono::duration<double>(Deadline::Clock::now() - start).count(), what,
-                    op.bytes_done, op.total_bytes(),
-                    std::chrono::duration<double>(deadline.when() - Deadline::Clock::now()).count());
-    }
-    if (deadline.expired()) {
-      Throw(ErrorCode::kDeadlineExceeded,
-            "rank {}: timed out waiting for {} ({} bytes): the peer is stalled or gone",
-            options_.rank, what, op.total_bytes());
-    }
-    if (PollCq() > 0) {
-      idle = 0;
-      continue;
-    }
-    if (++idle < 256) continue;
-    const auto now = Deadline::Clock::now();
-    for (auto& [index, c] : live_) c->ProbeIfIdle(now);
-    Sleep(std::min(deadline.when(), now + std::chrono::milliseconds(50)));
-  }
-  if (op.error) std::rethrow_exception(op.error);
+void IbTransport::Idle(Deadline::Clock::time_point until) {
+  for (auto& [index, c] : live_) c->ProbeIfIdle(Deadline::Clock::now());
+  Sleep(until);
 }
 
 std::vector<std::unique_ptr<Connection>> IbTransport::Connect(

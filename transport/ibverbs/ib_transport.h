@@ -39,6 +39,10 @@ struct IbOptions {
   std::string device;      // "" = the first device with an active port
   int port = 0;            // 0 = the first active port
   int gid_index = -1;      // -1 = auto (SelectGidIndex)
+  // Local ACK timeout exponent (4.096 us * 2^ack_timeout per try; 1-31) and retries (0-7; soft-
+  // RoCE, rdma_rxe, treats 7 as "retry forever"), as NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT.
+  int ack_timeout = 18;
+  int retry_count = 6;
 };
 
 // Opens the device, creates the queue pairs and staging buffers. Throws Error kUnavailable (no

@@ -11,6 +11,7 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "transport/message_io.h"
+#include "transport/op_queue.h"
 #include "transport/wire.pb.h"
 
 namespace pipesgd::transport::tcp {
@@ -22,24 +23,8 @@ using boost::system::error_code;
 
 class TcpTransport;
 
-// FIFO of posted ops, linked through Op::next_ so posting never allocates.
-struct OpQueue {
-  Op* head = nullptr;
-  Op* tail = nullptr;
+struct TcpQueue : OpQueue {
   bool active = false;  // an asio operation for `head` is in flight
-
-  void Push(Op* op) {
-    op->next_ = nullptr;
-    if (tail) tail->next_ = op; else head = op;
-    tail = op;
-  }
-  Op* Pop() {
-    Op* op = head;
-    head = op->next_;
-    if (!head) tail = nullptr;
-    op->next_ = nullptr;
-    return op;
-  }
 };
 
 void Complete(Op* op, std::exception_ptr error) {
@@ -120,7 +105,7 @@ class TcpConnection final : public Connection {
  private:
   template <bool kSend>
   void Start();
-  void Drain(OpQueue& queue);
+  void Drain(TcpQueue& queue);
   std::exception_ptr IoError(const char* direction, const error_code& ec, const Op& op,
                              size_t bytes) const;
 
@@ -128,8 +113,8 @@ class TcpConnection final : public Connection {
   tcp::socket socket_;
   int self_rank_;
   int peer_rank_;
-  OpQueue send_;
-  OpQueue recv_;
+  TcpQueue send_;
+  TcpQueue recv_;
   HandlerMemory send_memory_;
   HandlerMemory recv_memory_;
   std::exception_ptr failed_;
@@ -146,14 +131,20 @@ class TcpTransport final : public Transport {
   std::vector<std::unique_ptr<Connection>> Connect(
       const std::vector<std::pair<int, std::string>>& peers, Deadline deadline,
       int streams) override;
-  void Wait(Op& op, Deadline deadline, const char* what,
-            const std::atomic<bool>* abort) override;
   void Poll() override;
   void Close() override;
 
   asio::io_context& io() { return io_; }
   void Register(TcpConnection* c) { live_.insert(c); }
   void Unregister(TcpConnection* c) { live_.erase(c); }
+
+ protected:
+  // TCP's progress is Idle's run_one_until, which returns as soon as one handler has run.
+  bool ProgressOnce() override { return false; }
+  void Idle(Deadline::Clock::time_point until) override {
+    if (io_.stopped()) io_.restart();
+    io_.run_one_until(until);
+  }
 
  private:
   TcpOptions options_;
@@ -208,7 +199,7 @@ void TcpConnection::Fail(std::exception_ptr error) {
   if (!recv_.active) Drain(recv_);
 }
 
-void TcpConnection::Drain(OpQueue& queue) {
+void TcpConnection::Drain(TcpQueue& queue) {
   while (queue.head) Complete(queue.Pop(), failed_);
 }
 
@@ -232,7 +223,7 @@ void TcpConnection::PostRecv(Op& op) {
 // next, so ops complete in posting order. Send and receive differ only in the asio call.
 template <bool kSend>
 void TcpConnection::Start() {
-  OpQueue& queue = kSend ? send_ : recv_;
+  TcpQueue& queue = kSend ? send_ : recv_;
   if (queue.active || !queue.head) return;
   if (failed_) return Drain(queue);
   Op* op = queue.head;
@@ -302,37 +293,6 @@ void TcpTransport::Close() {
   auto error = std::make_exception_ptr(Error(
       ErrorCode::kAborted, fmt::format("rank {}: transport closed", options_.rank)));
   for (TcpConnection* c : std::vector<TcpConnection*>(live_.begin(), live_.end())) c->Fail(error);
-}
-
-void TcpTransport::Wait(Op& op, Deadline deadline, const char* what,
-                        const std::atomic<bool>* abort) {
-  const auto start = Deadline::Clock::now();
-  const auto stall_after = std::min<Deadline::Clock::duration>(
-      std::chrono::seconds(10), (deadline.when() - start) / 4);
-  bool warned = false;
-  while (!op.done) {
-    if (abort && abort->load(std::memory_order_relaxed)) {
-      Throw(ErrorCode::kAborted, "rank {}: {}: aborted", options_.rank, what);
-    }
-    if (!warned && Deadline::Clock::now() - start > stall_after) {
-      warned = true;
-      PSGD_LOG_WARN("rank {}: still waiting after {:.1f} s for {} ({} of {} bytes; deadline in "
-                    "{:.0f} s)",
-                    options_.rank,
-                    std::chrono::duration<double>(Deadline::Clock::now() - start).count(), what,
-                    op.bytes_done, op.total_bytes(),
-                    std::chrono::duration<double>(deadline.when() - Deadline::Clock::now()).count());
-    }
-    if (deadline.expired()) {
-      Throw(ErrorCode::kDeadlineExceeded,
-            "rank {}: timed out waiting for {} ({} bytes): the peer is stalled or gone",
-            options_.rank, what, op.total_bytes());
-    }
-    if (io_.stopped()) io_.restart();
-    io_.run_one_until(
-        std::min(deadline.when(), Deadline::Clock::now() + std::chrono::milliseconds(50)));
-  }
-  if (op.error) std::rethrow_exception(op.error);
 }
 
 // Connection set-up state shared by the asio handlers (which may outlive a failed Connect call).

@@ -18,6 +18,7 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "transport/message_io.h"
+#include "transport/op_queue.h"
 #include "transport/wire.pb.h"
 
 namespace pipesgd::transport::ucx {
@@ -98,24 +99,6 @@ bool SharedMemoryOnly(const char* tls) {
 
 class UcxTransport;
 
-// FIFO of posted ops, linked through Op::next_ so posting never allocates.
-struct OpQueue {
-  Op* head = nullptr;
-  Op* tail = nullptr;
-  void Push(Op* op) {
-    op->next_ = nullptr;
-    if (tail) tail->next_ = op; else head = op;
-    tail = op;
-  }
-  Op* Pop() {
-    Op* op = head;
-    head = op->next_;
-    if (!head) tail = nullptr;
-    op->next_ = nullptr;
-    return op;
-  }
-};
-
 class UcxRegion final : public MemoryRegion {
  public:
   UcxRegion(UcxTransport& owner, void* data, size_t bytes, MemoryKind kind, ucp_mem_h memh);
@@ -192,8 +175,6 @@ class UcxTransport final : public Transport {
   std::vector<std::unique_ptr<Connection>> Connect(
       const std::vector<std::pair<int, std::string>>& peers, Deadline deadline,
       int streams) override;
-  void Wait(Op& op, Deadline deadline, const char* what,
-            const std::atomic<bool>* abort) override;
   void Poll() override;
   void Close() override;
 
@@ -219,9 +200,14 @@ class UcxTransport final : public Transport {
     return nullptr;
   }
   // One round of progress and completions; true if UCX made progress.
-  bool ProgressOnce();
+  bool ProgressOnce() override;
   // Sleeps on the worker's event fd until something happens or `until`, whichever is first.
   void Sleep(Deadline::Clock::time_point until);
+
+ protected:
+  void Idle(Deadline::Clock::time_point until) override { Sleep(until); }
+  // A reply is often microseconds away: spin briefly before sleeping on the event fd.
+  int SpinsBeforeIdle() const override { return 64; }
 
  private:
   UcxOptions options_;
@@ -510,16 +496,18 @@ void UcxConnection::Advance() {
 
 // UCX's defaults find a dead peer late or never over verbs: keepalive every 20 s, RC retries of
 // 1 s x 7 (and soft-RoCE takes a retry count of 7 as "forever"), UD peers declared lost after
-// 30 s. These bring it to ~2.5 s (measured on soft-RoCE: a pending receive fails naming the peer
-// 2.6-3.5 s after it is killed), like the ibverbs transport's probes. Only where the user set
+// 30 s. These bring it to ~8 s, like the ibverbs transport's probes and retries: keepalive every
+// 0.5 s, RC tries of UCX's 1 s but 6 retries, UD peers lost after 5 s. Shorter (0.25 s tries,
+// 2 s for UD) named a dead peer in ~3 s but can take a loaded, live one for dead, as the ibverbs
+// transport's 268 ms tries did once on soft-RoCE under an emulated CPU. Only where the user set
 // nothing: UCX's own variables (e.g. UCX_RC_VERBS_TIMEOUT) override these inherited ones.
 void SetFailureDetectionDefaults() {
   static std::once_flag once;
   std::call_once(once, [] {
     setenv("UCX_KEEPALIVE_INTERVAL", "0.5s", 0);
-    setenv("UCX_RC_TIMEOUT", "0.25s", 0);
+    setenv("UCX_RC_TIMEOUT", "1s", 0);
     setenv("UCX_RC_RETRY_COUNT", "6", 0);
-    setenv("UCX_UD_TIMEOUT", "2s", 0);
+    setenv("UCX_UD_TIMEOUT", "5s", 0);
   });
 }
 
@@ -666,44 +654,6 @@ void UcxTransport::Close() {
   for (UcxConnection* c : std::vector<UcxConnection*>(live_.begin(), live_.end())) c->Fail(error);
   ucp_worker_progress(worker_);
   for (UcxConnection* c : live_) c->Advance();
-}
-
-void UcxTransport::Wait(Op& op, Deadline deadline, const char* what,
-                        const std::atomic<bool>* abort) {
-  // Does not Close() on a deadline or an abort: the caller may still tell a neighbour why it
-  // stops, then closes (transport.h).
-  const auto start = Deadline::Clock::now();
-  const auto stall_after = std::min<Deadline::Clock::duration>(
-      std::chrono::seconds(10), (deadline.when() - start) / 4);
-  bool warned = false;
-  int idle = 0;
-  while (!op.done) {
-    if (abort && abort->load(std::memory_order_relaxed)) {
-      Throw(ErrorCode::kAborted, "rank {}: {}: aborted", options_.rank, what);
-    }
-    if (!warned && Deadline::Clock::now() - start > stall_after) {
-      warned = true;
-      PSGD_LOG_WARN("rank {}: still waiting after {:.1f} s for {} ({} of {} bytes; deadline in "
-                    "{:.0f} s)",
-                    options_.rank,
-                    std::chrono::duration<double>(Deadline::Clock::now() - start).count(), what,
-                    op.bytes_done, op.total_bytes(),
-                    std::chrono::duration<double>(deadline.when() - Deadline::Clock::now()).count());
-    }
-    if (deadline.expired()) {
-      Throw(ErrorCode::kDeadlineExceeded,
-            "rank {}: timed out waiting for {} ({} bytes): the peer is stalled or gone",
-            options_.rank, what, op.total_bytes());
-    }
-    if (ProgressOnce()) {
-      idle = 0;
-      continue;
-    }
-    // Spin briefly (a reply is often microseconds away), then sleep on the event fd.
-    if (++idle < 64) continue;
-    Sleep(std::min(deadline.when(), Deadline::Clock::now() + std::chrono::milliseconds(50)));
-  }
-  if (op.error) std::rethrow_exception(op.error);
 }
 
 std::vector<std::unique_ptr<Connection>> UcxTransport::Connect(
