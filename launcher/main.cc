@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
                       "Directory for metrics.jsonl (one line per epoch) and summary.json "
                       "(written by rank 0, on its host)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  run_cmd->add_option("--output-dir", run.output_dir,
+  // --log-dir: not to be confused with --out (metrics); --output-dir is its earlier name.
+  run_cmd->add_option("--log-dir,--output-dir", run.output_dir,
                       "Keep each rank's stdout and stderr in DIR/rank.R/{stdout,stderr} (on this "
                       "machine), besides printing them")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -330,7 +331,8 @@ int main(int argc, char** argv) {
       "and print the best choice (docs/timing_models.md)");
   model_cmd->add_option("--probe", model.probe_json, "Inputs from pipesgd probe --json FILE")
       ->check(CLI::ExistingFile);
-  model_cmd->add_option("-w,--workers", model.workers, "W: workers (ring: world size; PS: world size - 1)")
+  // -np, as everywhere ranks are counted; not -w, which is bench's warm-up.
+  model_cmd->add_option("--np,--workers", model.workers, "W: workers (ring: world size; PS: world size - 1)")
       ->check(CLI::Range(1, 1 << 20));
   model_cmd->add_option("--model-bytes", model.model_bytes, "M: gradient bytes (4 x parameters)")
       ->check(CLI::PositiveNumber);
@@ -348,6 +350,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   model_cmd->add_option("--chunk-overhead-s", model.chunk_overhead_s, "o: cost of one chunk message, seconds")
       ->check(CLI::NonNegativeNumber);
+  model_cmd->add_option("--contention", model.contention,
+                        "gamma: share of the shorter of link and CPU time that does not overlap "
+                        "the longer (0: a NIC; 1: the cores copy the bytes, as on loopback)")
+      ->check(CLI::Range(0.0, 1.0));
   model_cmd->add_option("--chunk-bytes", model.chunk_bytes, "Evaluate only this chunk size (default: search 4 KiB..16 MiB)")
       ->check(CLI::PositiveNumber);
   model_cmd->add_option("--json", model.json_path, "Write the predictions as JSON");

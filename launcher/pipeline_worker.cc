@@ -311,7 +311,7 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
                   "replica averaged every {} steps (sdpipe.period), comm.transport {}",
                   env.world_size, M, N, m, rows, sd.period(),
                   config::Transport_Name(comm_cfg.transport()));
-    PSGD_LOG_INFO("effective config ({}): {}", args.config_path, FormatConfig(job, true));
+    LogEffectiveConfig(args.config_path, job);
     PSGD_LOG_INFO("model: {}", full.Describe());
     PSGD_LOG_INFO("data: {} training samples ({} steps per epoch of {} samples per pipeline), {} "
                   "test samples",

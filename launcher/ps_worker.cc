@@ -27,6 +27,7 @@ namespace {
 
 using detail::Clock;
 using detail::LeadReporter;
+using detail::LogEffectiveConfig;
 using detail::LogFinal;
 using detail::PlanFromConfig;
 using detail::Seconds;
@@ -106,7 +107,7 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
                   "comm.transport {}",
                   env.world_size, sync ? "synchronous" : "asynchronous", workers,
                   config::Transport_Name(comm_cfg.transport()));
-    PSGD_LOG_INFO("effective config ({}): {}", args.config_path, FormatConfig(job, true));
+    LogEffectiveConfig(args.config_path, job);
     if (comm_cfg.compression() != config::Comm::none) {
       PSGD_LOG_WARN("comm.compression = {} is ignored by train.mode = {} (float32 on the wire)",
                     config::Comm::Compression_Name(comm_cfg.compression()), mode_name);

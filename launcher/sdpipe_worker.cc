@@ -125,7 +125,7 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
                   "[{}, {}]), comm.transport {}",
                   env.world_size, sd.period(), sd.window_init_s(), sd.window_min_s(),
                   sd.window_max_s(), config::Transport_Name(comm_cfg.transport()));
-    PSGD_LOG_INFO("effective config ({}): {}", args.config_path, FormatConfig(job, true));
+    LogEffectiveConfig(args.config_path, job);
   }
   std::unique_ptr<OutputDir> out;
   if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir, args.overwrite || args.resume);

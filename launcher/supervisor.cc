@@ -124,7 +124,7 @@ struct Rank {
   std::string out_partial;
   std::string err_partial;
   std::string err_tail;  // the last few KiB of its stderr: which rank its error blames
-  int out_file = -1;  // --output-dir files
+  int out_file = -1;  // --log-dir files
   int err_file = -1;
   std::optional<int> status;
 
@@ -268,14 +268,14 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
       std::error_code ec;
       std::filesystem::create_directories(dir, ec);
       if (ec) {
-        Throw(ErrorCode::kIo, "--output-dir {}: cannot create {}: {}", options.output_dir,
+        Throw(ErrorCode::kIo, "--log-dir {}: cannot create {}: {}", options.output_dir,
               dir.string(), ec.message());
       }
       for (auto [file, name] : {std::pair{&r.out_file, "stdout"}, std::pair{&r.err_file, "stderr"}}) {
         const auto path = dir / name;
         *file = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (*file < 0) {
-          Throw(ErrorCode::kIo, "--output-dir: cannot write {}: {}", path.string(),
+          Throw(ErrorCode::kIo, "--log-dir: cannot write {}: {}", path.string(),
                 std::strerror(errno));
         }
       }

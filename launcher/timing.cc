@@ -34,7 +34,17 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-constexpr int kFields = 6;  // latency, bandwidth, overhead, compute, update, reduce
+// latency, bandwidth (the link alone), overhead, compute, update, reduce, ring bandwidth, and
+// the job's own AllReduce of the model at kSmallChunk, kMidChunk and kLargeChunk
+constexpr int kFields = 10;
+// The ring's per-chunk cost shows only in a real AllReduce with many chunks (a wake-up, a header,
+// a reduction call per chunk): 4 KiB, the smallest chunk `pipesgd model` considers; the link's
+// rate with one chunk per block (16 MiB: the largest); how much the two overlap in between.
+constexpr uint64_t kSmallChunk = 4096;
+constexpr uint64_t kMidChunk = 64u << 10;
+constexpr uint64_t kLargeChunk = 16u << 20;
+constexpr uint64_t kTimedChunks[] = {kSmallChunk, kMidChunk, kLargeChunk};
+constexpr int kAllReduceReps = 10;
 constexpr size_t kBigBytes = 8u << 20;
 constexpr size_t kStreamBytes = 16u << 10;
 constexpr int kStreamMessages = 256;
@@ -95,6 +105,28 @@ class Prober {
     return out;
   }
 
+  // Every rank at once sends kBigBytes to its right and receives as many from its left, as in a
+  // ring AllReduce step: what a link gives when every link and both directions of every rank
+  // are busy (the CPU that sends also receives). Bytes per second per direction, the median of
+  // kBigReps after one untimed.
+  double RingExchange(transport::Connection& right, transport::Connection& left) {
+    big_.resize(kBigBytes);
+    in_.resize(kBigBytes);
+    std::vector<double> times;
+    for (int i = 0; i < 1 + kBigReps; ++i) {
+      transport::Op send, recv;
+      recv.Set(in_.data(), in_.size());
+      left.PostRecv(recv);
+      const auto t0 = Clock::now();
+      send.Set(big_.data(), big_.size());
+      right.PostSend(send);
+      t_.Wait(send, Deadline::After(timeout_s_), "a ring probe message to the right");
+      t_.Wait(recv, Deadline::After(timeout_s_), "a ring probe message from the left");
+      if (i >= 1) times.push_back(Since(t0));
+    }
+    return kBigBytes / std::max(1e-9, Median(times));
+  }
+
   void Pong(transport::Connection& c, int pings) {
     uint64_t word = 0;
     for (int i = 0; i < 20 + pings; ++i) {
@@ -119,6 +151,7 @@ class Prober {
   transport::Transport& t_;
   double timeout_s_;
   std::vector<char> big_;
+  std::vector<char> in_;
 };
 
 }  // namespace
@@ -222,7 +255,7 @@ void RunProbe(const ProbeArgs& args) {
                       {"s_per_byte", Median(times) / (4.0 * p)}});
   }
 
-  std::vector<double> mine = {0, 0, 0, compute_s, update_s, reduce_s_per_byte};
+  std::vector<double> mine = {0, 0, 0, compute_s, update_s, reduce_s_per_byte, 0, 0, 0, 0};
   std::vector<double> all(static_cast<size_t>(kFields) * env.world_size, 0.0);
   if (env.world_size > 1) {
     const int w = env.world_size, r = env.rank;
@@ -250,6 +283,28 @@ void RunProbe(const ProbeArgs& args) {
         prober.Pong(left, args.pings);
       }
     }
+    mine[6] = prober.RingExchange(right, left);
+    // The job's AllReduce itself on these connections (a communicator per chunk size; the
+    // transport stays the caller's), median of kAllReduceReps after 2 untimed.
+    {
+      const std::shared_ptr<transport::Transport> shared(links.transport.get(),
+                                                         [](transport::Transport*) {});
+      std::vector<float> values(p, 1.0f);
+      int field = 7;
+      for (uint64_t chunk : kTimedChunks) {
+        collective::CommunicatorOptions copt;
+        copt.chunk_bytes = chunk;
+        auto ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left}, {&right},
+                                                                  copt);
+        times.clear();
+        for (int i = 0; i < 2 + kAllReduceReps; ++i) {
+          const auto t0 = Clock::now();
+          ring->AllReduce(values, collective::ReduceOp::kAverage, Deadline::After(job.comm().timeout_s()));
+          if (i >= 2) times.push_back(Since(t0));
+        }
+        mine[field++] = Median(times);
+      }
+    }
     // Gather every rank's numbers at rank 0: one pass around the ring.
     const size_t bytes = all.size() * sizeof(double);
     if (r == 0) {
@@ -267,26 +322,32 @@ void RunProbe(const ProbeArgs& args) {
   if (env.rank != 0) return;
 
   nlohmann::json per_rank = nlohmann::json::array();
-  double latency = 0, bandwidth = 0, overhead = 0, compute = 0, update = 0, reduce = 0;
+  double latency = 0, alone = 0, ring = 0, overhead = 0, compute = 0, update = 0, reduce = 0;
   std::printf("# pipesgd probe: %d ranks, model %zu params (%.0f bytes), batch %zu per rank\n",
               env.world_size, p, 4.0 * p, batch);
-  std::printf("# %4s %5s %12s %14s %14s %12s %12s %14s\n", "rank", "right", "latency(us)",
-              "bandwidth(MB/s)", "chunk_ovh(us)", "compute(ms)", "update(ms)", "reduce(ns/B)");
+  std::printf("# %4s %5s %12s %14s %14s %14s %12s %12s %14s\n", "rank", "right", "latency(us)",
+              "alone(MB/s)", "ring(MB/s)", "chunk_ovh(us)", "compute(ms)", "update(ms)",
+              "reduce(ns/B)");
   for (int r = 0; r < env.world_size; ++r) {
     const double* v = all.data() + kFields * r;
-    std::printf("  %4d %5d %12.1f %14.2f %14.2f %12.3f %12.3f %14.4f\n", r,
+    std::printf("  %4d %5d %12.1f %14.2f %14.2f %14.2f %12.3f %12.3f %14.4f\n", r,
                 env.world_size > 1 ? (r + 1) % env.world_size : -1, v[0] * 1e6, v[1] / 1e6,
-                v[2] * 1e6, v[3] * 1e3, v[4] * 1e3, v[5] * 1e9);
+                v[6] / 1e6, v[2] * 1e6, v[3] * 1e3, v[4] * 1e3, v[5] * 1e9);
     per_rank.push_back({{"rank", r},
                         {"right", (r + 1) % env.world_size},
                         {"latency_s", v[0]},
                         {"bandwidth_Bps", v[1]},
+                        {"ring_bandwidth_Bps", v[6]},
+                        {"allreduce_s", {{std::to_string(kSmallChunk), v[7]},
+                                         {std::to_string(kMidChunk), v[8]},
+                                         {std::to_string(kLargeChunk), v[9]}}},
                         {"chunk_overhead_s", v[2]},
                         {"compute_s", v[3]},
                         {"update_s", v[4]},
                         {"reduce_s_per_byte", v[5]}});
     latency = std::max(latency, v[0]);
-    bandwidth = r == 0 ? v[1] : std::min(bandwidth, v[1]);
+    alone = r == 0 ? v[1] : std::min(alone, v[1]);
+    ring = r == 0 ? v[6] : std::min(ring, v[6]);
     overhead = std::max(overhead, v[2]);
     compute = std::max(compute, v[3]);
     update = std::max(update, v[4]);
@@ -299,20 +360,70 @@ void RunProbe(const ProbeArgs& args) {
   }
   // The per-byte CPU rates are properties of the machines, alike on every node: the median over
   // ranks, so one rank preempted while it measured (a shared host) does not set them.
+  std::vector<double> compute_by_rank;
+  double allreduce_small = 0, allreduce_mid = 0, allreduce_large = 0;  // the slowest rank's
   {
     std::vector<double> rho, ovh;
     for (int r = 0; r < env.world_size; ++r) {
       ovh.push_back(all[kFields * r + 2]);
       rho.push_back(all[kFields * r + 5]);
+      compute_by_rank.push_back(all[kFields * r + 3]);
+      allreduce_small = std::max(allreduce_small, all[kFields * r + 7]);
+      allreduce_mid = std::max(allreduce_mid, all[kFields * r + 8]);
+      allreduce_large = std::max(allreduce_large, all[kFields * r + 9]);
     }
     overhead = Median(ovh);
     reduce = Median(rho);
   }
+  // What the model uses for B and o: fitted so that its AllReduce of this model is the one
+  // measured, with few chunks (B) and with many (o). One link alone, or a stream of messages on
+  // it, read B ~2x too high and o ~7x too low on loopback, and `pipesgd model` then advised 4 KiB
+  // chunks that ran 3.3x slower than the default. The all-links-busy exchange (ring) stays in
+  // the output as a check; one rank has no link at all.
+  const double stream_overhead = overhead;
+  train::TimingInputs fit_in;
+  fit_in.workers = env.world_size;
+  fit_in.model_bytes = 4.0 * p;
+  fit_in.latency_s = latency;
+  fit_in.reduce_s_per_byte = reduce;
+  fit_in.chunk_overhead_s = stream_overhead;
+  double bandwidth = env.world_size > 1 ? ring : alone;
+  double contention = 0;
+  if (env.world_size > 1) {
+    fit_in.bandwidth_Bps = bandwidth;
+    const train::RingFit fit = train::FitRing(fit_in, {double(kSmallChunk), allreduce_small},
+                                              {double(kMidChunk), allreduce_mid},
+                                              {double(kLargeChunk), allreduce_large});
+    bandwidth = fit.bandwidth_Bps;
+    overhead = fit.chunk_overhead_s;
+    contention = fit.contention;
+  }
+  fit_in.bandwidth_Bps = bandwidth;
+  fit_in.chunk_overhead_s = overhead;
+  fit_in.contention = contention;
+  std::printf("# compute over ranks: min %.3f ms, median %.3f ms, max %.3f ms\n",
+              *std::min_element(compute_by_rank.begin(), compute_by_rank.end()) * 1e3,
+              Median(compute_by_rank) * 1e3,
+              *std::max_element(compute_by_rank.begin(), compute_by_rank.end()) * 1e3);
+  if (env.world_size > 1) {
+    const train::CodecCost none;
+    std::printf("# AllReduce of the model, slowest rank: %.3f ms at %llu B chunks, %.3f ms at %llu "
+                "B, %.3f ms at %llu B; fitted to them: bandwidth %.2f MB/s (8 MiB exchanged with "
+                "every link busy: %.2f MB/s), chunk overhead %.2f us (a stream of messages: %.2f "
+                "us), contention %.3f; the model then gives %.3f ms, %.3f ms and %.3f ms\n",
+                allreduce_small * 1e3, static_cast<unsigned long long>(kSmallChunk),
+                allreduce_mid * 1e3, static_cast<unsigned long long>(kMidChunk),
+                allreduce_large * 1e3, static_cast<unsigned long long>(kLargeChunk),
+                bandwidth / 1e6, ring / 1e6, overhead * 1e6, stream_overhead * 1e6, contention,
+                train::RingAllReduceTime(fit_in, none, kSmallChunk) * 1e3,
+                train::RingAllReduceTime(fit_in, none, kMidChunk) * 1e3,
+                train::RingAllReduceTime(fit_in, none, kLargeChunk) * 1e3);
+  }
   std::printf("# for the model: the slowest link and the slowest rank: latency %.1f us, bandwidth "
-              "%.2f MB/s, compute %.3f ms, update %.3f ms; median over ranks: chunk overhead "
-              "%.2f us, reduce %.4f ns/B\n",
-              latency * 1e6, bandwidth / 1e6, compute * 1e3, update * 1e3, overhead * 1e6,
-              reduce * 1e9);
+              "%.2f MB/s fitted to the ring's AllReduce (%.2f MB/s a link alone), compute %.3f ms, "
+              "update %.3f ms; median over ranks: chunk overhead %.2f us, reduce %.4f ns/B\n",
+              latency * 1e6, bandwidth / 1e6, alone / 1e6, compute * 1e3, update * 1e3,
+              overhead * 1e6, reduce * 1e9);
   if (!args.json_path.empty()) {
     nlohmann::json j = {{"world_size", env.world_size},
                         {"workers", env.world_size},
@@ -321,8 +432,19 @@ void RunProbe(const ProbeArgs& args) {
                         {"batch_size", batch},
                         {"latency_s", latency},
                         {"bandwidth_Bps", bandwidth},
+                        {"link_alone_bandwidth_Bps", alone},
+                        {"ring_exchange_bandwidth_Bps", ring},
                         {"chunk_overhead_s", overhead},
+                        {"stream_chunk_overhead_s", stream_overhead},
+                        {"contention", contention},
+                        {"allreduce_s", {{std::to_string(kSmallChunk), allreduce_small},
+                                         {std::to_string(kMidChunk), allreduce_mid},
+                                         {std::to_string(kLargeChunk), allreduce_large}}},
                         {"compute_s", compute},
+                        {"compute_s_spread",
+                         {{"min", *std::min_element(compute_by_rank.begin(), compute_by_rank.end())},
+                          {"median", Median(compute_by_rank)},
+                          {"max", compute}}},
                         {"update_s", update},
                         {"reduce_s_per_byte", reduce},
                         {"codecs", codecs},
@@ -348,6 +470,7 @@ void RunModel(const ModelArgs& a) {
       in.latency_s = j.at("latency_s").get<double>();
       in.bandwidth_Bps = j.at("bandwidth_Bps").get<double>();
       in.chunk_overhead_s = j.at("chunk_overhead_s").get<double>();
+      in.contention = j.value("contention", 0.0);  // earlier probes: none
       in.compute_s = j.at("compute_s").get<double>();
       in.update_s = j.at("update_s").get<double>();
       in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
@@ -374,6 +497,7 @@ void RunModel(const ModelArgs& a) {
   if (a.update_s >= 0) in.update_s = a.update_s;
   if (a.reduce_s_per_byte >= 0) in.reduce_s_per_byte = a.reduce_s_per_byte;
   if (a.chunk_overhead_s >= 0) in.chunk_overhead_s = a.chunk_overhead_s;
+  if (a.contention >= 0) in.contention = a.contention;
   std::vector<std::string> missing;
   if (in.model_bytes <= 0) missing.push_back("--model-bytes (> 0)");
   if (in.latency_s < 0) missing.push_back("--latency-s (>= 0)");
@@ -399,10 +523,10 @@ void RunModel(const ModelArgs& a) {
   const train::ModelReport report = train::PredictAll(in, codecs, chunks);
 
   std::printf("# pipesgd model: W=%d workers, M=%.0f bytes, alpha=%.1f us, B=%.3f MB/s, C=%.3f ms, "
-              "U=%.3f ms, rho=%.4f ns/B, o=%.2f us\n",
+              "U=%.3f ms, rho=%.4f ns/B, o=%.2f us, gamma=%.3f\n",
               in.workers, in.model_bytes, in.latency_s * 1e6, in.bandwidth_Bps / 1e6,
               in.compute_s * 1e3, in.update_s * 1e3, in.reduce_s_per_byte * 1e9,
-              in.chunk_overhead_s * 1e6);
+              in.chunk_overhead_s * 1e6, in.contention);
   std::printf("# %-10s %-8s %12s %14s %12s\n", "scheme", "codec", "chunk(B)", "iteration(ms)",
               "vs best");
   nlohmann::json rows = nlohmann::json::array();
@@ -434,6 +558,7 @@ void RunModel(const ModelArgs& a) {
                         {"update_s", in.update_s},
                         {"reduce_s_per_byte", in.reduce_s_per_byte},
                         {"chunk_overhead_s", in.chunk_overhead_s},
+                        {"contention", in.contention},
                         {"allreduce_s", t_ar},
                         {"rows", rows},
                         {"best", {{"scheme", report.best.scheme},

@@ -42,6 +42,7 @@ struct ModelArgs {
   double update_s = -1;       // U
   double reduce_s_per_byte = -1;
   double chunk_overhead_s = -1;
+  double contention = -1;  // gamma in [0, 1]
   double chunk_bytes = 0;     // evaluate this chunk size only (0: search 4 KiB .. 16 MiB)
   std::string json_path;      // write the predictions as JSON
 };

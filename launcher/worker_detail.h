@@ -125,8 +125,7 @@ class LeadReporter : public train::Reporter {
   // `show_wire`: the console line names the bytes per step and the compression ratio.
   LeadReporter(bool lead, OutputDir* out, bool show_wire)
       : lead_(lead), out_(out), show_wire_(show_wire) {}
-  void Progress(int epoch, int epochs, int64_t done, int64_t total, double loss,
-                double samples_per_s) override;
+  void Progress(const train::Progress& p) override;
   void Evaluated(const train::Evaluation& e, int epochs) override;
 
  private:
@@ -134,6 +133,10 @@ class LeadReporter : public train::Reporter {
   OutputDir* out_;
   bool show_wire_;
 };
+
+// The lead rank's config lines: the file at info level, the effective config (one line, every
+// field) at debug level (-v): a kilobyte and more that a quiet console does without.
+void LogEffectiveConfig(const std::string& path, const config::Job& job);
 
 // The last line of a run, on the lead rank.
 void LogFinal(const train::RunOutcome& outcome, const train::RunPlan& plan, double wall_s);

@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <ctime>
 #include <cstdio>
@@ -17,6 +18,7 @@
 
 #include "core/base/error.h"
 #include "core/base/log.h"
+#include "launcher/config.h"
 #include "launcher/model_builder.h"
 #include "launcher/process.h"
 #include "launcher/ssh_launcher.h"
@@ -90,11 +92,26 @@ train::RunPlan PlanFromConfig(const config::Job& job, int64_t steps_per_epoch,
   return plan;
 }
 
-void LeadReporter::Progress(int epoch, int epochs, int64_t done, int64_t total, double loss,
-                            double samples_per_s) {
+void LogEffectiveConfig(const std::string& path, const config::Job& job) {
+  PSGD_LOG_INFO("config {} (-v prints the effective config; --out keeps it in summary.json)", path);
+  PSGD_LOG_DEBUG("effective config ({}): {}", path, FormatConfig(job, true));
+}
+
+// "4.2 s", "42 s", "3 min 05 s", "2 h 04 min": short, for a progress line.
+static std::string Duration(double s) {
+  if (!(s >= 0)) return "?";
+  if (s < 10) return fmt::format("{:.1f} s", s);
+  const auto n = static_cast<int64_t>(std::llround(std::min(s, 1e9)));
+  if (n < 60) return fmt::format("{} s", n);
+  if (n < 3600) return fmt::format("{} min {:02} s", n / 60, n % 60);
+  return fmt::format("{} h {:02} min", n / 3600, (n % 3600) / 60);
+}
+
+void LeadReporter::Progress(const train::Progress& p) {
   if (!lead_) return;
-  PSGD_LOG_INFO("epoch {}/{} step {}/{}: loss {:.4f}, {:.0f} samples/s", epoch, epochs, done,
-                total, loss, samples_per_s);
+  PSGD_LOG_INFO("epoch {}/{} step {}/{}: loss {:.4f}, {:.0f} samples/s, {} elapsed, ETA {}",
+                p.epoch, p.epochs, p.done, p.total, p.loss, p.samples_per_s,
+                Duration(p.elapsed_s), Duration(p.eta_s));
 }
 
 void LeadReporter::Evaluated(const train::Evaluation& e, int epochs) {

@@ -10,10 +10,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -469,13 +471,14 @@ TEST(Transports, BadInterfaceFilterIsRejectedWhereItWasGiven) {
 // Interface selection on a real 2-rank job: the environment variable is honoured and logged,
 // and a filter that admits nothing fails on every rank, naming the interfaces there are.
 TEST(Transports, SocketIfnameEnvironmentVariable) {
-  auto r = RunCommand({kBinary, "run", "-np", "2", kConfig, "--set", "train.max_steps=2",
+  // -v: the reason for the interface is a debug line.
+  auto r = RunCommand({kBinary, "run", "-np", "2", "-v", kConfig, "--set", "train.max_steps=2",
                        "--set", "data.train_limit=640", "--set", "data.test_limit=100"},
                       {{"PIPESGD_SOCKET_IFNAME", "=lo"}}, 120);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (int rank = 0; rank < 2; ++rank) {
     const std::string line = fmt::format(
-        "[rank {}] rank {}: tcp on lo 127.0.0.1 (on the subnet 127.0.0.0/8 of the rendezvous "
+        "[rank {}] debug: rank {}: tcp on lo 127.0.0.1 (on the subnet 127.0.0.0/8 of the rendezvous "
         "address 127.0.0.1 among those PIPESGD_SOCKET_IFNAME = '=lo' admits)",
         rank, rank);
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
@@ -726,12 +729,72 @@ TEST(Cli, HelpListsSubcommands) {
 namespace pipesgd {
 namespace {
 
+// pipesgd probe: every rank's numbers reach rank 0's JSON; the bandwidth and chunk overhead
+// handed to the model are fitted so that it gives back the job's own AllReduce times (with few
+// and with many chunks); `pipesgd model --probe` reads it. Relations, not values: the numbers
+// are this machine's.
+TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
+  TempDir dir;
+  const std::string json = dir.path("probe.json");
+  auto r = RunCommand({kBinary, "probe", "-np", "3", kConfig, "--set", "data.train_limit=2048",
+                       "--pings", "20", "--compute-steps", "3", "--json", json},
+                      {}, 180);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["world_size"], 3);
+  ASSERT_EQ(j["per_rank"].size(), 3u);
+  double ring_min = 1e300, alone_min = 1e300, compute_min = 1e300, compute_max = 0;
+  for (const auto& rank : j["per_rank"]) {
+    EXPECT_GT(rank["ring_bandwidth_Bps"].get<double>(), 0) << rank.dump();
+    EXPECT_GT(rank["bandwidth_Bps"].get<double>(), 0) << rank.dump();
+    ring_min = std::min(ring_min, rank["ring_bandwidth_Bps"].get<double>());
+    alone_min = std::min(alone_min, rank["bandwidth_Bps"].get<double>());
+    compute_min = std::min(compute_min, rank["compute_s"].get<double>());
+    compute_max = std::max(compute_max, rank["compute_s"].get<double>());
+  }
+  EXPECT_EQ(j["ring_exchange_bandwidth_Bps"].get<double>(), ring_min);
+  EXPECT_EQ(j["link_alone_bandwidth_Bps"].get<double>(), alone_min);
+  EXPECT_GT(j["bandwidth_Bps"].get<double>(), 0);
+  EXPECT_GE(j["chunk_overhead_s"].get<double>(), 0);
+  EXPECT_EQ(j["compute_s"].get<double>(), compute_max);
+  EXPECT_EQ(j["compute_s_spread"]["min"].get<double>(), compute_min);
+  EXPECT_EQ(j["compute_s_spread"]["max"].get<double>(), compute_max);
+  EXPECT_LE(j["compute_s_spread"]["min"].get<double>(), j["compute_s_spread"]["median"].get<double>());
+  EXPECT_LE(j["compute_s_spread"]["median"].get<double>(), j["compute_s_spread"]["max"].get<double>());
+  // "... slowest rank: A ms at 4096 B chunks, B ms at 65536 B, C ms at 16777216 B; fitted ...
+  // the model then gives A' ms, B' ms and C' ms": the fit reproduces the three, except the middle
+  // one where the contention had to be clamped to [0, 1].
+  std::smatch m4;
+  ASSERT_TRUE(std::regex_search(
+      r.out, m4,
+      std::regex("slowest rank: ([0-9.]+) ms at 4096 B chunks, ([0-9.]+) ms at 65536 B, ([0-9.]+) "
+                 "ms at 16777216 B; fitted to them: .* the model then gives ([0-9.]+) ms, "
+                 "([0-9.]+) ms and ([0-9.]+) ms")))
+      << r.out;
+  EXPECT_EQ(m4[1], m4[4]) << m4[0];
+  EXPECT_EQ(m4[3], m4[6]) << m4[0];
+  const double gamma = j["contention"].get<double>();
+  const double mid = std::stod(m4[2]), model_mid = std::stod(m4[5]);
+  if (gamma == 1) {
+    EXPECT_LE(model_mid, mid + 0.001) << m4[0];
+  } else if (gamma == 0) {
+    EXPECT_GE(model_mid, mid - 0.001) << m4[0];
+  } else {
+    EXPECT_EQ(m4[2], m4[5]) << m4[0];
+  }
+  EXPECT_TRUE(gamma >= 0 && gamma <= 1) << gamma;
+  auto m = RunCommand({kBinary, "model", "--probe", json});
+  ASSERT_EQ(m.exit_code, 0) << m.out << m.err;
+  EXPECT_NE(m.out.find("best: "), std::string::npos) << m.out;
+}
+
 TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
   // The hand-computed case of timing_model_test: W = 4, M = 4 MB, 100 us, 125 MB/s, C = 10 ms,
   // U = 1 ms, rho = 1 ns/B, o = 10 us, chunk 1 MB, no codec cost: ring_sync 65.6 ms,
   // pipe_k2 54.6 ms, ps_sync 283.2 ms, ps_async 128.0 ms.
   TempDir dir;
-  auto r = RunCommand({kBinary, "model", "--workers", "4", "--model-bytes", "4e6", "--latency-s",
+  auto r = RunCommand({kBinary, "model", "-np", "4", "--model-bytes", "4e6", "--latency-s",
                        "1e-4", "--bandwidth-Bps", "1.25e8", "--compute-s", "0.01", "--update-s",
                        "0.001", "--reduce-s-per-byte", "1e-9", "--chunk-overhead-s", "1e-5",
                        "--chunk-bytes", "1e6", "--json", dir.path("m.json")});
@@ -752,7 +815,7 @@ TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
   std::ifstream in(dir.path("m.json"));
   const auto j = nlohmann::json::parse(in);
   EXPECT_EQ(j["best"]["scheme"], "pipe_k2");
-  EXPECT_EQ(j["rows"].size(), 24u);  // 4 schemes x 6 codecs
+  EXPECT_EQ(j["rows"].size(), 14u);  // 2 ring schemes x 6 codecs + 2 PS schemes (float32 only)
   // Missing inputs are named.
   auto bad = RunCommand({kBinary, "model", "--workers", "4"});
   ExpectError(bad, {"--model-bytes", "--latency-s", "--compute-s"});

@@ -72,7 +72,7 @@ TEST(OverSsh, ShipsTheConfigAndMatchesALocalRun) {
   EXPECT_NE(FinalAccuracy(ssh.out), "none");
   // Rank 0 read its shipped copy, not the original.
   EXPECT_TRUE(std::regex_search(
-      ssh.out, std::regex("\\[rank 0\\] effective config \\(/tmp/pipesgd-rank0-[A-Za-z0-9]{6}/job\\.pbtxt\\)")))
+      ssh.out, std::regex("\\[rank 0\\] config /tmp/pipesgd-rank0-[A-Za-z0-9]{6}/job\\.pbtxt \\(")))
       << ssh.out;
   EXPECT_NE(ssh.out.find("pipesgd run: starting 4 ranks over ssh (rank:host 0:a 1:a 2:b 3:b); "
                          "rendezvous 127.0.0.1:"),
@@ -195,9 +195,9 @@ TEST(Run, NetworkInterfaceThatMatchesNothingIsNamedByEveryRank) {
       << bad.err;
 }
 
-TEST(Run, OutputDirKeepsEachRanksLines) {
+TEST(Run, LogDirKeepsEachRanksLines) {
   TempDir dir;
-  const auto r = RunCommand(Args({kBinary, "run", "-np", "2", "--output-dir", dir.path("logs"),
+  const auto r = RunCommand(Args({kBinary, "run", "-np", "2", "--log-dir", dir.path("logs"),
                                   kConfig},
                                  kShort));
   ASSERT_EQ(r.exit_code, 0) << r.err;

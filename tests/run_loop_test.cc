@@ -49,8 +49,10 @@ class ScriptedMode : public train::TrainingMode {
 
 class Recorder : public train::Reporter {
  public:
-  void Progress(int epoch, int, int64_t done, int64_t total, double, double) override {
-    progress.push_back({epoch, done, total});
+  void Progress(const train::Progress& p) override {
+    progress.push_back({p.epoch, p.done, p.total});
+    eta_s.push_back(p.eta_s);
+    elapsed_s.push_back(p.elapsed_s);
   }
   void Evaluated(const Evaluation& e, int epochs) override {
     evaluations.push_back(e);
@@ -61,6 +63,7 @@ class Recorder : public train::Reporter {
     int64_t done, total;
   };
   std::vector<Line> progress;
+  std::vector<double> eta_s, elapsed_s;
   std::vector<Evaluation> evaluations;
   int epochs = 0;
 };
@@ -109,6 +112,36 @@ TEST(RunPlan, MaxStepsCapsTheEpochsAndNeverExtendsThem) {
   plan.max_steps = 0;
   plan.epochs = 3;
   EXPECT_EQ(plan.total_steps(), 702);
+}
+
+// Progress lines: elapsed counts the evaluations, the ETA only training (at this run's mean step
+// time). Bounds that sleeps make certain: each step sleeps >= 10 ms, each evaluation >= 200 ms.
+class SleepyMode : public ScriptedMode {
+ public:
+  using ScriptedMode::ScriptedMode;
+  void Step() override {
+    ScriptedMode::Step();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+};
+
+TEST(RunLoop, ProgressElapsedCountsEvaluationsAndTheEtaTrainingOnly) {
+  RunPlan plan;
+  plan.steps_per_epoch = 10;
+  plan.epochs = 2;
+  plan.eval_every_steps = 6;
+  plan.global_batch = 64;
+  plan.progress_per_epoch = 1;
+  SleepyMode mode(Ramp(20), 0, 0.2);
+  Recorder rec;
+  train::RunLoop(mode, plan, rec);
+  ASSERT_EQ(rec.progress.size(), 2u);
+  // Step 15 (epoch 2, 5 of 10), after the evaluations at 6, 10 and 12: 5 steps to go.
+  const double running = rec.eta_s[1] * 15 / 5;  // the training time so far, as the loop saw it
+  EXPECT_GE(running, 15 * 0.010);
+  EXPECT_LE(running, rec.elapsed_s[1] - 3 * 0.2 + 1e-9);
+  EXPECT_GE(rec.elapsed_s[1], 15 * 0.010 + 3 * 0.2);
+  EXPECT_GE(rec.elapsed_s[1], rec.elapsed_s[0]);
 }
 
 TEST(RunLoop, ReportsEveryEvaluationWithItsStepEpochAndLoss) {

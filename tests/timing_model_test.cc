@@ -71,10 +71,57 @@ TEST(TimingModel, BestChunkIsInteriorWhenCpuBound) {
   EXPECT_EQ(BestChunkBytes(Lab(), kNone, DefaultChunkSizes()), 4096.0);
 }
 
+// The overhead fitted to an AllReduce time is the one that produced it, and it is 0 when the
+// model is already slower than what was measured.
+TEST(TimingModel, FitChunkOverheadRecoversTheOverhead) {
+  TimingInputs in = Lab();
+  in.chunk_overhead_s = 30e-6;
+  const double measured = RingAllReduceTime(in, kNone, 4096);
+  TimingInputs blind = in;
+  blind.chunk_overhead_s = 0;
+  ASSERT_LT(RingAllReduceTime(blind, kNone, 4096), measured);  // the overhead shows at 4 KiB
+  EXPECT_NEAR(FitChunkOverhead(blind, 4096, measured), 30e-6, 1e-10);
+  EXPECT_EQ(FitChunkOverhead(blind, 4096, RingAllReduceTime(blind, kNone, 4096) * 0.5), 0.0);
+  EXPECT_EQ(FitChunkOverhead(blind, 4096, 1e6), 10e-3);  // capped
+}
+
+// Three timed AllReduces made by the model itself give back its B, o and gamma.
+TEST(TimingModel, FitRingRecoversBandwidthOverheadAndContention) {
+  TimingInputs truth = Lab();
+  truth.chunk_overhead_s = 30e-6;
+  truth.bandwidth_Bps = 2e8;
+  truth.contention = 0.6;
+  const TimedAllReduce small{4096, RingAllReduceTime(truth, kNone, 4096)};
+  const TimedAllReduce mid{65536, RingAllReduceTime(truth, kNone, 65536)};
+  const TimedAllReduce large{16 << 20, RingAllReduceTime(truth, kNone, 16 << 20)};
+  TimingInputs guess = truth;
+  guess.bandwidth_Bps = 5e7;
+  guess.chunk_overhead_s = 1e-6;
+  guess.contention = 0;
+  const RingFit fit = FitRing(guess, small, mid, large);
+  EXPECT_NEAR(fit.bandwidth_Bps / 2e8, 1.0, 1e-6);
+  EXPECT_NEAR(fit.chunk_overhead_s, 30e-6, 1e-9);
+  EXPECT_NEAR(fit.contention, 0.6, 1e-6);
+  // Contention adds the shorter term: at gamma = 1 the link and the CPU are serial.
+  TimingInputs serial = truth;
+  serial.contention = 1;
+  TimingInputs overlapped = truth;
+  overlapped.contention = 0;
+  const double link = 6 * 1e6 / 2e8, cpu = 6 * (1e6 * 1e-9 + 30e-6);
+  EXPECT_NEAR(RingAllReduceTime(serial, kNone, 16 << 20) -
+                  RingAllReduceTime(overlapped, kNone, 16 << 20),
+              std::min(link, cpu), 1e-12);
+  EXPECT_NEAR(FitBandwidth(truth, 16 << 20, large.seconds) / 2e8, 1.0, 1e-9);
+  EXPECT_EQ(FitBandwidth(truth, 16 << 20, 1e-9), 0.0);  // faster than any link: latency-bound
+}
+
 TEST(TimingModel, PredictAllPicksTheFastest) {
   const ModelReport report =
       PredictAll(Lab(), {kNone, {"q8", 4, 2e-9}}, std::vector<double>{1e6});
-  ASSERT_EQ(report.rows.size(), 8u);
+  ASSERT_EQ(report.rows.size(), 6u);  // ps_sync, ps_async (none only), ring_sync and pipe_k2 x 2
+  for (const SchemePrediction& row : report.rows) {
+    if (row.scheme.rfind("ps_", 0) == 0) EXPECT_EQ(row.codec, "none") << row.scheme;
+  }
   // pipe_k2 with q8: max(0.011, 0.03666).
   EXPECT_EQ(report.best.scheme, "pipe_k2");
   EXPECT_EQ(report.best.codec, "q8");

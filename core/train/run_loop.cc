@@ -103,6 +103,7 @@ RunOutcome RunLoop(TrainingMode& mode, const RunPlan& plan, Reporter& reporter) 
   };
 
   int64_t t = mode.steps();
+  const int64_t first_step = t;  // a resumed run's ETA counts only its own steps
   bool at_target = false;
   bool last = false;
   if (t >= total) {
@@ -126,9 +127,19 @@ RunOutcome RunLoop(TrainingMode& mode, const RunPlan& plan, Reporter& reporter) 
       // `progress` lines, evenly spaced, none at the very end (the epoch's evaluation follows).
       if (progress > 0 && !p.evaluate && done < epoch_total &&
           done * (progress + 1) / epoch_total != (done - 1) * (progress + 1) / epoch_total) {
-        const double s = clock.running_s() - epoch_start_wall;
-        reporter.Progress(epoch, epochs, done, epoch_total, mode.LatestLoss(),
-                          s > 0 ? static_cast<double>((t - epoch_start_step) * plan.global_batch) / s : 0);
+        const double running = clock.running_s();
+        const double s = running - epoch_start_wall;
+        Progress line;
+        line.epoch = epoch;
+        line.epochs = epochs;
+        line.done = done;
+        line.total = epoch_total;
+        line.loss = mode.LatestLoss();
+        line.samples_per_s =
+            s > 0 ? static_cast<double>((t - epoch_start_step) * plan.global_batch) / s : 0;
+        line.elapsed_s = running + clock.paused_s();
+        line.eta_s = running / static_cast<double>(t - first_step) * static_cast<double>(total - t);
+        reporter.Progress(line);
       }
       if (p.evaluate) {
         at_target = evaluate(p);

@@ -112,12 +112,24 @@ class TrainingMode {
   virtual void Finish(bool at_target) {}
 };
 
+// A progress line's numbers: `done` of `total` steps of epoch `epoch` (1-based).
+struct Progress {
+  int epoch = 1;
+  int epochs = 1;
+  int64_t done = 0;
+  int64_t total = 0;
+  double loss = 0;           // the latest step's
+  double samples_per_s = 0;  // since the epoch began
+  double elapsed_s = 0;      // since this run began, evaluations included
+  // Training time left at this run's mean step time so far (evaluations not counted).
+  double eta_s = 0;
+};
+
 class Reporter {
  public:
   virtual ~Reporter() = default;
-  // progress_per_epoch times per epoch: `done` of `total` steps of epoch `epoch` (1-based).
-  virtual void Progress(int epoch, int epochs, int64_t done, int64_t total, double loss,
-                        double samples_per_s) {}
+  // progress_per_epoch times per epoch.
+  virtual void Progress(const train::Progress& p) {}
   virtual void Evaluated(const Evaluation& e, int epochs) = 0;
 };
 

@@ -24,6 +24,10 @@ struct TimingInputs {
   double update_s = 0;             // U: one optimizer step over M bytes of parameters
   double reduce_s_per_byte = 0;    // rho: adding two float32 vectors, per byte of one of them
   double chunk_overhead_s = 0;     // o: software cost of one chunk message (header, wake-up)
+  // gamma in [0, 1]: how much of the shorter of the link and CPU terms does NOT hide behind the
+  // longer. 0: a NIC moves the bytes while the core reduces (the terms overlap fully); 1: the
+  // same cores copy the bytes (loopback, a kernel TCP stack on a busy node), so they add.
+  double contention = 0;
 };
 
 // A gradient codec as the model sees it.
@@ -37,8 +41,9 @@ struct CodecCost {
 // (Patarasuk & Yuan 2009; papers.md 1.4-1.5):
 //   m = ceil(M / (W S)) chunks per block, s = M / (W m) bytes per chunk,
 //   T_AR = 2(W-1) alpha
-//        + max( 2(W-1) M / (W r B),                          the link, busy all along
-//               2(W-1) [ (M/W)(rho + kappa) + m o ] )          the communication thread's CPU
+//        + max(L, P) + gamma min(L, P)                         with
+//            L = 2(W-1) M / (W r B)                            the link, busy all along
+//            P = 2(W-1) [ (M/W)(rho + kappa) + m o ]           the communication thread's CPU
 //        + 2(W-1) s (rho + kappa)                              per step, one chunk not overlapped
 // W = 1: 0.
 double RingAllReduceTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
@@ -71,8 +76,9 @@ struct SchemePrediction {
   double iteration_s = 0;
 };
 
-// Every scheme with every codec at its best chunk size among `chunk_sizes` (bytes), and the
-// overall best. Chunk candidates must be non-empty.
+// The ring schemes with every codec at its best chunk size among `chunk_sizes` (bytes), the PS
+// schemes with codec "none" only (they send float32), and the overall best. Chunk candidates
+// must be non-empty.
 struct ModelReport {
   std::vector<SchemePrediction> rows;
   SchemePrediction best;
@@ -80,6 +86,40 @@ struct ModelReport {
 };
 ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& codecs,
                        const std::vector<double>& chunk_sizes);
+
+// The per-chunk overhead o at which RingAllReduceTime(in, no codec, chunk_bytes) equals
+// `measured_s` (in.chunk_overhead_s is ignored): what a ring AllReduce timed with many chunks
+// says a chunk costs, all of it counted (a wake-up, a header, a reduction call), which a stream
+// of messages on one idle link does not show. 0 if the model is already at or above
+// `measured_s` with o = 0; at most 10 ms. Found by bisection (RingAllReduceTime grows with o).
+double FitChunkOverhead(const TimingInputs& in, double chunk_bytes, double measured_s);
+
+// The bandwidth B at which RingAllReduceTime(in, no codec, chunk_bytes) equals `measured_s`
+// (in.bandwidth_Bps is ignored): the ring's own effective link rate, from an AllReduce timed
+// with few chunks. 0 if no B in [1 kB/s, 1 TB/s] reaches it (the time is latency or CPU, not the
+// link). Bisection in log space (RingAllReduceTime falls as B grows).
+double FitBandwidth(const TimingInputs& in, double chunk_bytes, double measured_s);
+
+// The contention gamma in [0, 1] at which RingAllReduceTime(in, no codec, chunk_bytes) equals
+// `measured_s` (in.contention is ignored), clamped to 0 and 1. Bisection (the time grows with
+// gamma).
+double FitContention(const TimingInputs& in, double chunk_bytes, double measured_s);
+
+// B, o and gamma together from three timed AllReduces of the model, with few chunks (large),
+// many (small) and some (mid): B from the first, o from the second, gamma from the third, each
+// at the others' latest values, for a few rounds (each depends a little on the others). Where B
+// cannot be fitted, in.bandwidth_Bps stays.
+struct RingFit {
+  double bandwidth_Bps = 0;
+  double chunk_overhead_s = 0;
+  double contention = 0;
+};
+struct TimedAllReduce {
+  double chunk_bytes = 0;
+  double seconds = 0;
+};
+RingFit FitRing(const TimingInputs& in, TimedAllReduce small, TimedAllReduce mid,
+                TimedAllReduce large);
 
 // The chunk size among `chunk_sizes` that minimizes RingAllReduceTime.
 double BestChunkBytes(const TimingInputs& in, const CodecCost& codec,

@@ -116,10 +116,10 @@ mode_train() {
       "$hidden/job.pbtxt" "${SHORT[@]}" > "$tmp/ssh.out" 2> "$tmp/ssh.err"
   local rc=$?
   echo "launcher over ssh: exit $rc in $((SECONDS - start)) s; its output:"
-  grep -vE "effective config|step [0-9]+/300" "$tmp/ssh.out" "$tmp/ssh.err" | sed 's/^[^:]*://'
+  grep -vE "step [0-9]+/300" "$tmp/ssh.out" "$tmp/ssh.err" | sed 's/^[^:]*://'
   [[ $rc -eq 0 ]] || fail "the run over ssh exited $rc"
   [[ -e "$hidden/job.pbtxt" ]] && fail "the config is visible outside the launcher's mount namespace"
-  grep -qE "^\[rank 0\] effective config \(/tmp/pipesgd-rank0-[A-Za-z0-9]{6}/job.pbtxt\)" "$tmp/ssh.out" \
+  grep -qE "^\[rank 0\] config /tmp/pipesgd-rank0-[A-Za-z0-9]{6}/job.pbtxt \(" "$tmp/ssh.out" \
     || fail "rank 0 did not read the shipped copy of the config"
   local got; got=$(grep -oE "final test accuracy: [0-9.]+" "$tmp/ssh.out" | awk '{print $4}')
   [[ "$got" == "$want" ]] || fail "final accuracy over ssh $got, local run $want"
