@@ -1,4 +1,7 @@
 // Tested on soft-RoCE only (see ib_transport.h). Written against rdma-core 44's libibverbs.
+// Over 600 lines because the connection (queue pair states, hello, credits, CTS/write protocol,
+// liveness probes) and the transport (device, CQ dispatch, regions) share private state; the
+// pure parts (addresses, device/port/GID choice, the memlock check) are in ib_common.cc.
 #include "transport/ibverbs/ib_transport.h"
 
 #include <arpa/inet.h>

@@ -1,3 +1,6 @@
+// Over 600 lines because the connection (tag matching, endpoint errors, the op queue's request
+// state) and the transport (context, worker, event fd, wire-up through the rendezvous address)
+// share private state; the wait loop itself is Transport::Wait's.
 #include "transport/ucx/ucx_transport.h"
 
 #include <poll.h>
