@@ -114,6 +114,18 @@ TEST(RunPlan, MaxStepsCapsTheEpochsAndNeverExtendsThem) {
   EXPECT_EQ(plan.total_steps(), 702);
 }
 
+// 2 epochs of 10 steps, an evaluation every 6 steps and at each epoch's end, a progress line per
+// epoch.
+RunPlan TwoEpochsOfTen() {
+  RunPlan plan;
+  plan.steps_per_epoch = 10;
+  plan.epochs = 2;
+  plan.eval_every_steps = 6;
+  plan.global_batch = 64;
+  plan.progress_per_epoch = 1;
+  return plan;
+}
+
 // Progress lines: elapsed counts the evaluations, the ETA only training (at this run's mean step
 // time). Bounds that sleeps make certain: each step sleeps >= 10 ms, each evaluation >= 200 ms.
 class SleepyMode : public ScriptedMode {
@@ -126,12 +138,7 @@ class SleepyMode : public ScriptedMode {
 };
 
 TEST(RunLoop, ProgressElapsedCountsEvaluationsAndTheEtaTrainingOnly) {
-  RunPlan plan;
-  plan.steps_per_epoch = 10;
-  plan.epochs = 2;
-  plan.eval_every_steps = 6;
-  plan.global_batch = 64;
-  plan.progress_per_epoch = 1;
+  const RunPlan plan = TwoEpochsOfTen();
   SleepyMode mode(Ramp(20), 0, 0.2);
   Recorder rec;
   train::RunLoop(mode, plan, rec);
@@ -145,12 +152,7 @@ TEST(RunLoop, ProgressElapsedCountsEvaluationsAndTheEtaTrainingOnly) {
 }
 
 TEST(RunLoop, ReportsEveryEvaluationWithItsStepEpochAndLoss) {
-  RunPlan plan;
-  plan.steps_per_epoch = 10;
-  plan.epochs = 2;
-  plan.eval_every_steps = 6;
-  plan.global_batch = 64;
-  plan.progress_per_epoch = 1;
+  const RunPlan plan = TwoEpochsOfTen();
   ScriptedMode mode(Ramp(20));
   Recorder rec;
   const train::RunOutcome out = train::RunLoop(mode, plan, rec);
