@@ -23,54 +23,48 @@ double RingAllReduceTime(const TimingInputs& in, const CodecCost& codec, double 
          steps * s * cpu_per_byte;
 }
 
-double FitChunkOverhead(const TimingInputs& in, double chunk_bytes, double measured_s) {
-  TimingInputs t = in;
-  const CodecCost none;
-  auto at = [&](double o) {
-    t.chunk_overhead_s = o;
-    return RingAllReduceTime(t, none, chunk_bytes);
-  };
-  double lo = 0, hi = 10e-3;
-  if (at(lo) >= measured_s) return 0;
-  if (at(hi) <= measured_s) return hi;
-  for (int i = 0; i < 100 && hi - lo > 1e-12; ++i) {
+namespace {
+
+// Where the non-decreasing f crosses `target` in [lo, hi]: lo if f(lo) >= target, hi if
+// f(hi) <= target, else bisection to an interval of 1e-12.
+template <typename F>
+double Crossing(F f, double lo, double hi, double target) {
+  if (f(lo) >= target) return lo;
+  if (f(hi) <= target) return hi;
+  for (int i = 0; i < 200 && hi - lo > 1e-12; ++i) {
     const double mid = (lo + hi) / 2;
-    (at(mid) < measured_s ? lo : hi) = mid;
+    (f(mid) < target ? lo : hi) = mid;
   }
   return (lo + hi) / 2;
+}
+
+// RingAllReduceTime without a codec as `field` of `in` varies.
+auto TimeAsFieldVaries(const TimingInputs& in, double TimingInputs::*field, double chunk_bytes) {
+  return [t = in, field, chunk_bytes](double v) mutable {
+    t.*field = v;
+    return RingAllReduceTime(t, CodecCost{}, chunk_bytes);
+  };
+}
+
+}  // namespace
+
+double FitChunkOverhead(const TimingInputs& in, double chunk_bytes, double measured_s) {
+  return Crossing(TimeAsFieldVaries(in, &TimingInputs::chunk_overhead_s, chunk_bytes), 0, 10e-3,
+                  measured_s);
 }
 
 double FitBandwidth(const TimingInputs& in, double chunk_bytes, double measured_s) {
-  TimingInputs t = in;
-  const CodecCost none;
-  auto at = [&](double log_b) {
-    t.bandwidth_Bps = std::exp(log_b);
-    return RingAllReduceTime(t, none, chunk_bytes);
-  };
-  double lo = std::log(1e3), hi = std::log(1e12);
-  if (at(hi) > measured_s || at(lo) < measured_s) return 0;
-  for (int i = 0; i < 200 && hi - lo > 1e-12; ++i) {
-    const double mid = (lo + hi) / 2;
-    (at(mid) > measured_s ? lo : hi) = mid;
-  }
-  return std::exp((lo + hi) / 2);
+  auto at = TimeAsFieldVaries(in, &TimingInputs::bandwidth_Bps, chunk_bytes);
+  const double lo = std::log(1e3), hi = std::log(1e12);
+  if (at(std::exp(hi)) > measured_s || at(std::exp(lo)) < measured_s) return 0;
+  // The time falls as B grows: its negative rises with log B.
+  return std::exp(Crossing([&](double log_b) { return -at(std::exp(log_b)); }, lo, hi,
+                           -measured_s));
 }
 
 double FitContention(const TimingInputs& in, double chunk_bytes, double measured_s) {
-  TimingInputs t = in;
-  const CodecCost none;
-  auto at = [&](double g) {
-    t.contention = g;
-    return RingAllReduceTime(t, none, chunk_bytes);
-  };
-  if (at(0) >= measured_s) return 0;
-  if (at(1) <= measured_s) return 1;
-  double lo = 0, hi = 1;
-  for (int i = 0; i < 100 && hi - lo > 1e-12; ++i) {
-    const double mid = (lo + hi) / 2;
-    (at(mid) < measured_s ? lo : hi) = mid;
-  }
-  return (lo + hi) / 2;
+  return Crossing(TimeAsFieldVaries(in, &TimingInputs::contention, chunk_bytes), 0, 1,
+                  measured_s);
 }
 
 RingFit FitRing(const TimingInputs& in, TimedAllReduce small, TimedAllReduce mid,
