@@ -1,11 +1,11 @@
 # `cmake --install build --prefix P` installs:
-#   P/include/pipesgd/pipesgd.h                 the embedding API (README, "Use it as a library")
-#   P/include/pipesgd/{core,transport,layers}/  the headers it and the libraries use
+#   P/include/pipesgd/{pipesgd,error,types}.h   the embedding API (docs/library.md), and nothing
+#                                               else: the library's own headers are not installed
 #   P/lib/libpipesgd_*.a                        static libraries, one per folder (not the CUDA
 #                                               backend's pipesgd_layers_cuda/pipesgd_core_cuda:
 #                                               no exported target links them)
-#   P/lib/cmake/pipesgd/                        find_package(pipesgd): pipesgd::pipesgd,
-#       pipesgd::base, ::transport, ::collective, ::train, ::data, ::layers, ::core
+#   P/lib/cmake/pipesgd/                        find_package(pipesgd): pipesgd::pipesgd (the
+#       other exported targets, ::base, ::transport, ... are its link dependencies, not APIs)
 #   P/lib/pkgconfig/pipesgd.pc                  pkg-config --cflags --libs pipesgd
 #   P/bin/pipesgd                               the launcher (PIPESGD_BUILD_LAUNCHER)
 include(GNUInstallDirs)
@@ -30,21 +30,10 @@ if(PIPESGD_BUILD_LAUNCHER)
   install(TARGETS pipesgd RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
 
-set(_psgd_inc ${CMAKE_INSTALL_INCLUDEDIR}/pipesgd)
-install(FILES ${PIPESGD_ROOT}/include/pipesgd/pipesgd.h DESTINATION ${_psgd_inc})
-foreach(dir core/base core/collective core/train core/data transport)
-  install(DIRECTORY ${PIPESGD_ROOT}/${dir}/ DESTINATION ${_psgd_inc}/${dir}
-          FILES_MATCHING PATTERN "*.h")
-endforeach()
-if(PIPESGD_BUILD_LAYERS)
-  # layers/cuda (pipesgd_layers_cuda) is not exported: its headers stay out too.
-  # layers/onednn.h is internal to the library (it includes oneDNN's headers).
-  install(DIRECTORY ${PIPESGD_ROOT}/layers/ DESTINATION ${_psgd_inc}/layers
-          FILES_MATCHING PATTERN "*.h" PATTERN "cuda" EXCLUDE PATTERN "onednn.h" EXCLUDE)
-endif()
-# Generated protobuf headers that installed headers include.
-install(FILES ${CMAKE_BINARY_DIR}/transport/wire.pb.h DESTINATION ${_psgd_inc}/transport)
-install(FILES ${CMAKE_BINARY_DIR}/core/checkpoint.pb.h DESTINATION ${_psgd_inc}/core)
+# The public interface only: include/pipesgd/*.h (pipesgd.h and the two it includes). The
+# library's own headers stay in the source tree, so an embedder depends on nothing internal.
+install(DIRECTORY ${PIPESGD_ROOT}/include/pipesgd/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pipesgd
+        FILES_MATCHING PATTERN "*.h")
 
 # What the static libraries need from the consumer's link line, for the package config and .pc.
 get_target_property(_psgd_tdefs pipesgd_transport INTERFACE_COMPILE_DEFINITIONS)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs pipesgd into a fresh temporary prefix, builds docs/examples against the INSTALLED
+# Installs pipesgd into a fresh temporary prefix, checks that only the public headers
+# (include/pipesgd/*.h) are installed, builds docs/examples against the INSTALLED
 # package (find_package(pipesgd), and once more with pkg-config), runs them and fails on any
 # wrong result:
 #   allreduce_buffers    4 processes, exact integer sums on the program's own buffers
@@ -23,6 +24,12 @@ trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" > "$work/install.log"
 echo "install_check: installed $(find "$prefix" -type f | wc -l) files into a fresh prefix"
+# The installed interface is include/pipesgd/*.h and nothing else (no internal header leaks).
+headers=$(cd "$prefix/include" && find . -type f | sort | tr '\n' ' ')
+if [[ $headers != "./pipesgd/error.h ./pipesgd/pipesgd.h ./pipesgd/types.h " ]]; then
+  echo "install_check: installed headers are '$headers', expected only pipesgd/{error,pipesgd,types}.h" >&2
+  exit 1
+fi
 
 # The examples see only the prefix: no source tree, no build tree on any search path.
 cmake -S docs/examples -B "$work/examples" -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,11 +34,11 @@ ConnectOptions Rendezvous(const RankContext& ctx) {
 std::string CheckSums(const RankContext& ctx, CodecKind codec) {
   auto o = Rendezvous(ctx);
   o.codec = codec;
-  auto comm = Connect(o);
+  Communicator comm = Connect(o);
   const int n = 1001;
   std::vector<float> data(n);
   for (int i = 0; i < n; ++i) data[i] = static_cast<float>(ctx.rank * (codec == CodecKind::kNone ? 1000 : 3) + i % 97);
-  AllReduce(*comm, data, ReduceOp::kSum, 30);
+  comm.AllReduce(data, ReduceOp::kSum, 30);
   const int w = ctx.world_size;
   const int scale = codec == CodecKind::kNone ? 1000 : 3;
   for (int i = 0; i < n; ++i) {
@@ -64,6 +65,106 @@ TEST(ApiAllReduce, Fp16CompressionExactOnSmallIntegers) {
   }
 }
 
+// Every float bit pattern but NaNs (whose payload an addition may quieten): both zeros,
+// subnormals, infinities. Rank r's element i.
+float Pattern(int rank, size_t i) {
+  uint32_t bits = static_cast<uint32_t>((rank + 1) * 2654435761u) ^ static_cast<uint32_t>(i * 40503u);
+  if (i % 5 == 0) bits = i % 10 == 0 ? 0x80000000u : 0u;  // -0.0 and +0.0
+  if (i % 7 == 0) bits = (bits & 0x80000000u) | (bits & 0x007fffffu);  // subnormal
+  if (i % 11 == 0) bits = (bits & 0x80000000u) | 0x7f800000u;  // infinity
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  if (std::isnan(f)) f = static_cast<float>(i);
+  return f;
+}
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Broadcast from every root, AllGather and Barrier on one communicator, checked bit for bit.
+std::string CheckBroadcastGather(const RankContext& ctx) {
+  Communicator comm = Connect(Rendezvous(ctx));
+  const size_t n = 1000;
+  const int w = ctx.world_size;
+  for (int root = 0; root < w; ++root) {
+    std::vector<float> data(n);
+    for (size_t i = 0; i < n; ++i) data[i] = Pattern(ctx.rank, i);
+    comm.Broadcast(data, root, 30);
+    for (size_t i = 0; i < n; ++i) {
+      if (!SameBits(data[i], Pattern(root, i))) {
+        return "broadcast from " + std::to_string(root) + ": element " + std::to_string(i);
+      }
+    }
+  }
+  std::vector<float> mine(n);
+  for (size_t i = 0; i < n; ++i) mine[i] = Pattern(ctx.rank, i);
+  std::vector<float> all(n * w, 1.0f);
+  comm.AllGather(mine, all, 30);
+  for (int r = 0; r < w; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      if (!SameBits(all[r * n + i], Pattern(r, i))) {
+        return "allgather: rank " + std::to_string(r) + " element " + std::to_string(i);
+      }
+    }
+  }
+  comm.Barrier(30);
+  return "ok";
+}
+
+TEST(ApiCollectives, BroadcastAndAllGatherAreBitwiseExact) {
+  auto results = RunRanks(3, CheckBroadcastGather);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    EXPECT_EQ(results[r].output, "ok") << "rank " << r;
+  }
+}
+
+// Wrong sizes and roots are named before anything goes on the wire, so the ring stays usable.
+std::string CheckBadArguments(const RankContext& ctx) {
+  Communicator comm = Connect(Rendezvous(ctx));
+  std::string out;
+  std::vector<float> mine(4), all(7);
+  try {
+    comm.AllGather(mine, all, 30);
+    out += "no error;";
+  } catch (const Error& e) {
+    out += std::string(e.what()).find("4 floats per rank into 7 floats: expected world size 2 x "
+                                      "4 = 8") != std::string::npos ? "size;" : e.what();
+  }
+  try {
+    comm.Broadcast(mine, 2, 30);
+    out += "no error;";
+  } catch (const Error& e) {
+    out += std::string(e.what()).find("root 2: expected 0 <= root < 2") != std::string::npos
+               ? "root;" : e.what();
+  }
+  std::vector<float> one = {static_cast<float>(ctx.rank + 1)};
+  comm.AllReduce(one, ReduceOp::kSum, 30);
+  out += std::to_string(static_cast<int>(one[0]));
+  Communicator moved = std::move(comm);
+  try {
+    comm.Barrier(30);
+    out += ";no error";
+  } catch (const Error& e) {
+    out += std::string(e.what()).find("moved from") != std::string::npos ? ";moved" : e.what();
+  }
+  try {
+    Trainer trainer(moved, mine, nullptr, PlainSgd(1));
+    out += ";no error";
+  } catch (const Error& e) {
+    out += std::string(e.what()).find("gradient callback is empty") != std::string::npos
+               ? ";callback" : e.what();
+  }
+  return out;
+}
+
+TEST(ApiCollectives, BadArgumentsAreNamedAndTheRingStaysUsable) {
+  auto results = RunRanks(2, CheckBadArguments);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].error;
+    EXPECT_EQ(results[r].output, "size;root;3;moved;callback") << "rank " << r;
+  }
+}
+
 TEST(ApiConnect, RejectsABadRank) {
   ConnectOptions o;
   o.rank = 2;
@@ -80,20 +181,33 @@ TEST(ApiConnect, RejectsABadRank) {
 // f_r(w) = |w - c_r|^2 / 2 with c_r = (r, -r, 2r): the rank average of the gradients is
 // w - mean(c), so width-2 Pipe-SGD with lr 0.5 converges to mean(c) = (1, -1, 2) on 3 ranks.
 std::string TrainCallersModel(const RankContext& ctx) {
-  auto comm = Connect(Rendezvous(ctx));
+  Communicator comm = Connect(Rendezvous(ctx));
   const float r = static_cast<float>(ctx.rank);
   const std::vector<float> c = {r, -r, 2 * r};
-  FunctionObjective objective(3, [&](int64_t, std::span<const float> w, std::span<float> g) {
+  GradientFn gradient = [&](int64_t, std::span<const float> w, std::span<float> g) {
     float loss = 0;
     for (size_t i = 0; i < 3; ++i) {
       g[i] = w[i] - c[i];
       loss += 0.5f * g[i] * g[i];
     }
     return loss;
-  });
-  auto sgd = PlainSgd(0.5f);
+  };
   std::vector<float> w = {0, 0, 0};
-  auto losses = Train(*comm, objective, sgd, w, 60, 2, 30);
+  auto losses = Train(comm, w, 60, gradient, PlainSgd(0.5f), {.pipeline_width = 2, .timeout_s = 30});
+  // The same run one Step at a time on the same ring: bitwise the same weights and losses.
+  std::vector<float> v = {0, 0, 0};
+  {
+    Trainer trainer(comm, v, gradient, PlainSgd(0.5f), {.pipeline_width = 2, .timeout_s = 30});
+    for (int t = 0; t < 60; ++t) trainer.Step();
+    trainer.Drain();
+    if (trainer.steps() != 60) return "steps " + std::to_string(trainer.steps());
+    for (int t = 0; t < 60; ++t) {
+      if (!SameBits(trainer.StepLoss(t), losses[t])) return "loss of step " + std::to_string(t);
+    }
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    if (!SameBits(v[i], w[i])) return "Trainer and Train differ at " + std::to_string(i);
+  }
   return testing::PackFloats(w.data(), w.size()) + testing::PackFloats(losses.data(), losses.size());
 }
 
@@ -116,7 +230,7 @@ TEST(ApiConnect, OptionsFromTheLaunchersEnvironment) {
   EXPECT_EQ(o.token, "t0ken");
   const pipesgd::ConnectOptions alone = pipesgd::ConnectOptionsFromEnv();
   EXPECT_EQ(alone.world_size, 1);
-  EXPECT_EQ(alone.bind_host, "127.0.0.1");
+  EXPECT_EQ(alone.bind_host, "");
 }
 
 TEST(ApiTrainer, CallersModelConvergesWithWidthTwo) {

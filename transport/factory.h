@@ -9,11 +9,13 @@
 #include <string_view>
 #include <vector>
 
+#include "pipesgd/types.h"
+
 #include "transport/transport.h"
 
 namespace pipesgd::transport {
 
-enum class TransportKind { kTcp, kUcx, kIbverbs };
+using TransportKind = ::pipesgd::TransportKind;  // pipesgd/types.h (public)
 
 // "tcp", "ucx", "ibverbs".
 std::string_view TransportKindName(TransportKind kind);

@@ -13,52 +13,15 @@
 //    (core/base/check.h) with the values involved.
 #pragma once
 
-#include <stdexcept>
 #include <string>
-#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
+// ErrorCode and Error: public, shared with the embedding API.
+#include "pipesgd/error.h"
+
 namespace pipesgd {
-
-// Kinds of recoverable failure, named after the canonical status codes (abseil/gRPC) so that
-// callers can branch on them (e.g. a launcher retries kUnavailable at start-up, never kDataLoss).
-enum class ErrorCode {
-  kInvalidArgument,    // bad config value, bad command line, bad API argument
-  kNotFound,           // missing file or key
-  kDataLoss,           // malformed or mismatched input: corrupt file, bad frame, protocol mismatch
-  kUnavailable,        // peer or link gone (connection refused/reset, EOF)
-  kDeadlineExceeded,   // a blocking wait ran past its deadline
-  kAborted,            // stopped on purpose (shutdown, a peer's failure propagated)
-  kNumerical,          // non-finite loss or gradient
-  kIo,                 // local I/O failure (disk, socket set-up)
-  kInternal,           // a library we call failed in a way we did not expect
-};
-
-std::string_view ErrorCodeName(ErrorCode code);
-
-class Error : public std::runtime_error {
- public:
-  Error(ErrorCode code, const std::string& message);
-
-  ErrorCode code() const { return code_; }
-
-  // The rank this failure is blamed on, when the thrower knows (a peer that closed, stalled or
-  // sent an abort notice naming the root cause); -1: unknown, or this rank itself. The job's
-  // failure relay (transport/failure_relay.h) uses it so every rank names the same rank.
-  int culprit() const { return culprit_; }
-  Error& set_culprit(int rank) {
-    culprit_ = rank;
-    return *this;
-  }
-
-  // Returns a copy whose message is "<context>: <original message>", same code and culprit.
-  Error Wrap(std::string_view context) const;
-
- private:
-  ErrorCode code_;
-  int culprit_ = -1;
-};
 
 // Throws Error(code, fmt::format(format, args...)).
 template <typename... Args>

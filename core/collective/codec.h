@@ -53,9 +53,11 @@
 #include <span>
 #include <string_view>
 
+#include "pipesgd/types.h"
+
 namespace pipesgd {
 
-enum class CodecKind : uint8_t { kNone = 0, kTrunc16 = 1, kFp16 = 2, kQ8 = 3, kQ4 = 4, kSign1 = 5 };
+// CodecKind: pipesgd/types.h (public, shared with the embedding API).
 
 // "none", "trunc16", "fp16", "q8", "q4", "sign1" ("unknown" for a value outside the enum).
 std::string_view CodecName(CodecKind kind);

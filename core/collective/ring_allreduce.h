@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "pipesgd/types.h"
+
 #include "core/base/deadline.h"
 #include "core/base/error.h"
 #include "core/base/timeline.h"
@@ -33,7 +35,7 @@
 
 namespace pipesgd::collective {
 
-enum class ReduceOp : uint8_t { kSum = 1, kAverage = 2 };
+using ReduceOp = ::pipesgd::ReduceOp;  // pipesgd/types.h (public)
 enum class DataType : uint8_t { kFloat32 = 1 };
 
 // Elements [offset, offset + count).

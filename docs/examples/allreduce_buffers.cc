@@ -17,17 +17,17 @@ int main() {
     pipesgd::ConnectOptions options = pipesgd::ConnectOptionsFromEnv();
     options.chunk_bytes = 256 << 10;            // 256 KiB chunks
     options.codec = pipesgd::CodecKind::kFp16;  // used only by calls with compress = true
-    auto comm = pipesgd::Connect(options);
-    const long w = comm->world_size(), r = comm->rank();
+    pipesgd::Communicator comm = pipesgd::Connect(options);
+    const long w = comm.world_size(), r = comm.rank();
 
     std::vector<float> grad(1 << 20);
     for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>((r + 1) * (i % 1000));
-    pipesgd::AllReduce(*comm, grad, pipesgd::ReduceOp::kSum, 60, /*compress=*/false);
+    comm.AllReduce(grad, pipesgd::ReduceOp::kSum, 60, /*compress=*/false);
 
     std::vector<float> small(100000);
     for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<float>(r + i % 7);
-    pipesgd::AllReduce(*comm, small, pipesgd::ReduceOp::kSum, 60, /*compress=*/true);
-    const auto& wire = comm->last_wire_stats();
+    comm.AllReduce(small, pipesgd::ReduceOp::kSum, 60, /*compress=*/true);
+    const pipesgd::WireStats wire = comm.last_wire_stats();
 
     long bad = 0;
     for (size_t i = 0; i < grad.size(); ++i) {
@@ -40,7 +40,7 @@ int main() {
     }
     std::printf("rank %ld/%ld (pipesgd %s): %zu + %zu elements, %ld wrong; fp16 call compressed=%d ratio %.2f\n",
                 r, w, pipesgd::Version(), grad.size(), small.size(), bad, wire.compressed ? 1 : 0,
-                wire.compression_ratio());
+                wire.compression_ratio);
     if (w > 1 && !wire.compressed) {
       std::fprintf(stderr, "rank %ld: the fp16 call was not compressed\n", r);
       return 1;

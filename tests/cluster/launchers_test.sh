@@ -14,13 +14,17 @@
 #   program  `pipesgd run -H lab0..lab3 -- allreduce_check` over the lab's sshd: a program that
 #            is not pipesgd gets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the job token,
 #            and its exact AllReduce passes on every node.
+#   api      docs/examples/train_least_squares on lab0 and lab1, given only the master's
+#            HOST:PORT, its rank and the world size on the command line (ConnectOptions set by
+#            hand, bind_host left at its default): both ranks converge, with the same weights.
 #
 # Nothing is left behind: daemons are stopped by their PIDs, every process in the lab's
 # namespaces is ended, the lab is taken down.
 # Needs root and network namespaces; otherwise prints why and exits 77 (ctest: skipped).
-# Usage: launchers_test.sh MODE PIPESGD_BINARY ALLREDUCE_CHECK_BINARY SOURCE_DIR
+# Usage: launchers_test.sh MODE PIPESGD_BINARY ALLREDUCE_CHECK_BINARY SOURCE_DIR [EXAMPLE_BINARY]
 set -uo pipefail
 MODE="$1"; PIPESGD=$(realpath "$2"); CHECK=$(realpath "$3"); SRC=$(realpath "$4")
+EXAMPLE=$(realpath "${5:-/nonexistent}" 2>/dev/null || true)
 export PIPESGD  # docs/examples/pipesgd.sbatch runs it
 
 if [[ $(id -u) -ne 0 ]]; then echo "SKIPPED: the cluster tier needs root"; exit 77; fi
@@ -196,11 +200,28 @@ mode_program() {
   echo "ok: pipesgd run -H lab0..lab3 -- allreduce_check: exact on all 4 nodes"
 }
 
+mode_api() {
+  [[ -x "$EXAMPLE" ]] || fail "api: no example binary (5th argument)"
+  local master pids=() i rc=0
+  master="$(addr 0):29613"
+  for i in 0 1; do
+    "$LAB" exec "$i" timeout 120 "$EXAMPLE" "$master" "$i" 2 > "$tmp/api.$i.out" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1; do wait "${pids[$i]}" || rc=1; done
+  [[ $rc -eq 0 ]] || { show "$tmp/api.0.out" "$tmp/api.1.out"; fail "api: train_least_squares on lab0 and lab1"; }
+  local w0 w1
+  w0=$(grep -o "w = ([^)]*)" "$tmp/api.0.out"); w1=$(grep -o "w = ([^)]*)" "$tmp/api.1.out")
+  [[ -n "$w0" && "$w0" == "$w1" ]] || { show "$tmp/api.0.out" "$tmp/api.1.out"; fail "api: the two ranks' weights differ"; }
+  echo "ok: train_least_squares on lab0 and lab1 (rendezvous $master by hand): $w0 on both"
+}
+
 case "$MODE" in
   slurm) mode_slurm ;;
   mpirun) mode_mpirun ;;
   program) mode_program ;;
-  *) fail "unknown mode '$MODE' (slurm, mpirun, program)" ;;
+  api) mode_api ;;
+  *) fail "unknown mode '$MODE' (slurm, mpirun, program, api)" ;;
 esac
 
 for f in "${daemon_pidfiles[@]}"; do [[ -f "$f" ]] && kill "$(cat "$f")" 2> /dev/null; done
