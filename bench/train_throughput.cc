@@ -28,10 +28,10 @@
 #include <spdlog/spdlog.h>
 
 #include "core/base/error.h"
-#include "launcher/config.h"
-#include "launcher/model_builder.h"
+#include "core/job/config.h"
+#include "core/job/model_builder.h"
 #include "layers/model.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 #include "layers/sgd.h"
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
 #include "layers/cuda/cuda_model.h"
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   // --device is model.device (applied last, so the config check sees the device that runs).
   sets.push_back(device_name == "cuda" ? "model.device=CUDA" : "model.device=CPU");
   try {
-    const config::Job job = launcher::LoadJobConfig(config_path, sets);
+    const config::Job job = job::LoadJobConfig(config_path, sets);
     if (print_job) {
       std::string text;
       google::protobuf::util::JsonPrintOptions options;
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
       std::printf("%s\n", text.c_str());
       return 0;
     }
-    layers::Model model(launcher::BuildLayers(job.model()), batch);
+    layers::Model model(job::BuildLayers(job.model()), batch);
     const auto& train = job.train();
     std::vector<float> params(model.num_params()), grads(model.num_params());
     model.Init(params, train.seed());
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
                                          train.weight_decay()};
     layers::Sgd sgd(sgd_options, params.size());
     // Standardised-looking inputs and uniform labels; the step's cost does not depend on them.
-    layers::Rng rng(7);
+    pipesgd::Rng rng(7);
     std::vector<float> x(batch * model.in_features());
     for (float& v : x) v = rng.Uniform(-1.0f, 2.0f);
     std::vector<uint8_t> labels(batch);
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
     };
     std::function<void()> drain = [] {};
     std::string where = layers::BlasDescription();
-    const std::string kernels = launcher::KernelsInUse(job.model());
+    const std::string kernels = job::KernelsInUse(job.model());
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
     std::unique_ptr<cuda::Context> ctx;
     std::unique_ptr<cuda::CudaModel> gpu_model;
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
       ctx = std::make_unique<cuda::Context>(gpu);
       const int device = gpu;  // for PSGD_CUDA
       gpu_model = std::make_unique<cuda::CudaModel>(
-          *ctx, launcher::BuildCudaLayers(job.model()), batch);
+          *ctx, job::BuildCudaLayers(job.model()), batch);
       gpu_sgd = std::make_unique<cuda::CudaSgd>(*ctx, sgd_options, params.size());
       d_params = cuda::DeviceBuffer<float>(params.size(), gpu);
       d_grads = cuda::DeviceBuffer<float>(params.size(), gpu);

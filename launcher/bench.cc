@@ -17,7 +17,7 @@
 #include "core/base/log.h"
 #include "core/collective/ring_allreduce.h"
 #include "configs/pipesgd.pb.h"
-#include "launcher/worker.h"
+#include "core/job/worker.h"
 
 namespace pipesgd::launcher {
 namespace {
@@ -144,7 +144,7 @@ std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a
 int64_t RunAllReduceBench(const AllReduceBenchArgs& args) {
   CheckAllReduceBenchArgs(args);
   const ReduceOp op = args.op == "avg" ? ReduceOp::kAverage : ReduceOp::kSum;
-  const JobEnv env = ReadJobEnv();
+  const job::JobEnv env = job::ReadJobEnv();
   const int n = env.world_size;
   collective::CommunicatorOptions options;
   options.chunk_bytes = args.chunk_bytes;
@@ -170,7 +170,7 @@ int64_t RunAllReduceBench(const AllReduceBenchArgs& args) {
   shared.ib_device.clear();
   shared.ib_port = 0;
   shared.gid_index = -1;
-  auto comm = ConnectRing(
+  auto comm = job::ConnectRing(
       env,
       fmt::format("pipesgd " PIPESGD_VERSION " bench allreduce {}",
                   fmt::join(AllReduceBenchWorkerCommand(shared), " ")),

@@ -20,13 +20,13 @@
 #include "launcher/timing.h"
 #include "core/base/timeline.h"
 #include "launcher/info.h"
-#include "launcher/config.h"
+#include "core/job/config.h"
 #include "launcher/hostfile.h"
 #include "launcher/remote_rank.h"
 #include "launcher/report.h"
 #include "launcher/ssh_launcher.h"
 #include "launcher/supervisor.h"
-#include "launcher/worker.h"
+#include "core/job/worker.h"
 
 namespace {
 
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
       "(reachable, same pipesgd binary), the config is shipped to each rank, and the job token "
       "travels on the ssh session's stdin.");
 
-  pipesgd::launcher::WorkerArgs worker;
+  pipesgd::job::WorkerArgs worker;
   auto* worker_cmd = app.add_subcommand(
       "worker",
       "Run one rank. Takes its place from the environment: RANK, WORLD_SIZE, MASTER_ADDR, "
@@ -473,7 +473,7 @@ int main(int argc, char** argv) {
       // rendezvous's comparison of configs cover them too.
       if (!transport_name.empty()) {
         run.overrides.push_back("comm.transport=" +
-                                pipesgd::launcher::TransportEnumName(transport_name));
+                                pipesgd::job::TransportEnumName(transport_name));
       }
       if (run_cmd->count("--network-interface") > 0) {
         run.overrides.push_back("comm.network_interface=" + network_interface);
@@ -541,7 +541,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     pipesgd::InitLogging(worker.verbose);
-    pipesgd::launcher::RunWorker(worker);
+    pipesgd::job::RunWorker(worker);
     return 0;
   } catch (const pipesgd::Error& e) {
     std::fflush(stdout);
@@ -553,7 +553,7 @@ int main(int argc, char** argv) {
         if (launch.launcher != pipesgd::transport::Launcher::kNone) rank = launch.rank;
       } catch (const pipesgd::Error&) {
       }
-      if (rank >= 0 && e.culprit() != rank) return pipesgd::launcher::kExitBecauseOfAnotherRank;
+      if (rank >= 0 && e.culprit() != rank) return pipesgd::job::kExitBecauseOfAnotherRank;
     }
     return 1;
   } catch (const std::bad_alloc&) {

@@ -157,12 +157,6 @@ ChildResult RunChild(const ChildSpec& spec, const std::string& what, Deadline de
   return result;
 }
 
-std::string RankHost() {
-  if (const char* host = std::getenv("PIPESGD_HOST"); host != nullptr && *host) return host;
-  char name[256] = {};
-  return gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0' ? name : "this host";
-}
-
 std::string SelfExe() {
   std::error_code ec;
   auto path = std::filesystem::read_symlink("/proc/self/exe", ec);

@@ -12,6 +12,8 @@
 
 #include "core/base/deadline.h"
 
+#include "transport/launch_env.h"
+
 namespace pipesgd::launcher {
 
 // What every rank gets where the launcher's environment (or, over ssh, the host's) has no value:
@@ -60,9 +62,7 @@ struct ChildResult {
 };
 ChildResult RunChild(const ChildSpec& spec, const std::string& what, Deadline deadline);
 
-// This rank's host for messages and summary.json: PIPESGD_HOST (the name the launcher's host
-// list used), else this machine's hostname, else "this host".
-std::string RankHost();
+using transport::RankHost;  // transport/launch_env.h
 
 // The path of this program (/proc/self/exe). Throws Error kIo if it cannot be read.
 std::string SelfExe();

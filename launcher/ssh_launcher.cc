@@ -21,7 +21,7 @@
 #include "core/base/deadline.h"
 #include "core/base/error.h"
 #include "core/base/log.h"
-#include "launcher/config.h"
+#include "core/job/config.h"
 #include "launcher/process.h"
 #include "launcher/remote_rank.h"
 #include "transport/ifname.h"
@@ -222,29 +222,6 @@ std::string ReadConfigText(const std::string& path) {
 
 }  // namespace
 
-std::string ShellQuote(const std::string& word) {
-  // Words the shell takes as they are stay readable (a command line in summary.json).
-  if (!word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                              "0123456789_./:,@%+-") == std::string::npos) {
-    return word;
-  }
-  std::string out = "'";
-  for (char c : word) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-std::string ShellJoin(const std::vector<std::string>& words) {
-  std::string line;
-  for (const auto& w : words) line += (line.empty() ? "" : " ") + ShellQuote(w);
-  return line;
-}
-
 std::vector<std::string> SshArgv(const SshOptions& ssh, const std::string& host,
                                  const std::string& remote_command) {
   std::vector<std::string> argv = {ssh.program, "-o", "BatchMode=yes", "-o",
@@ -265,7 +242,7 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
   // A program (`run -- PROGRAM`) must be at its path, or on PATH, on every host, as for mpirun.
   const bool program = !args.program.empty();
   const std::string config_text = program ? "" : ReadConfigText(args.config_path);
-  const config::Job job = program ? config::Job() : LoadJobConfig(args.config_path, args.overrides);
+  const config::Job job = program ? config::Job() : job::LoadJobConfig(args.config_path, args.overrides);
   const auto forwarded = ResolveForwardedEnv(args.forward_env);
   const std::string binary = ssh.remote_binary.empty() ? SelfExe() : ssh.remote_binary;
   if (binary.empty() || binary.front() != '/') {

@@ -20,6 +20,8 @@
 #include "launcher/hostfile.h"
 #include "launcher/supervisor.h"
 
+#include "transport/launch_env.h"
+
 namespace pipesgd::launcher {
 
 struct SshOptions {
@@ -41,12 +43,9 @@ struct SshOptions {
 std::vector<std::string> SshArgv(const SshOptions& ssh, const std::string& host,
                                  const std::string& remote_command);
 
-// Quotes `word` for a POSIX shell ('...' with embedded quotes escaped); a word of letters,
-// digits and _./:,@%+- only stays as it is.
-std::string ShellQuote(const std::string& word);
-
-// `words` as one shell command line: each ShellQuote-d, joined by spaces.
-std::string ShellJoin(const std::vector<std::string>& words);
+// ShellQuote, ShellJoin: transport/launch_env.h (a rank's summary writes its command line too).
+using transport::ShellJoin;
+using transport::ShellQuote;
 
 // Runs the job over ssh. Returns the exit code as Supervise does. Throws pipesgd::Error before
 // anything is started: kInvalidArgument (bad config, -np larger than the slots, bad -x),

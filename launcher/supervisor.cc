@@ -19,8 +19,8 @@
 
 #include "core/base/error.h"
 #include "core/base/log.h"
-#include "launcher/config.h"
-#include "launcher/worker.h"
+#include "core/job/config.h"
+#include "core/job/worker.h"
 
 namespace pipesgd::launcher {
 namespace {
@@ -184,7 +184,7 @@ std::string Describe(const Rank& r, int status, bool remote) {
     return fmt::format("exited with status {}: its worker was killed by signal {} ({})", code,
                        code - 128, strsignal(code - 128));
   }
-  if (code == kExitBecauseOfAnotherRank) {
+  if (code == job::kExitBecauseOfAnotherRank) {
     return fmt::format("exited with status {} (it failed because of another rank)", code);
   }
   return fmt::format("exited with status {}", code);
@@ -456,7 +456,7 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
     // A death first, else a rank that failed on its own (not because of another rank).
     Failure chosen = failures.front();
     for (const auto& f : failures) {
-      if (ExitCodeOf(f.status) != kExitBecauseOfAnotherRank) {
+      if (ExitCodeOf(f.status) != job::kExitBecauseOfAnotherRank) {
         chosen = f;
         break;
       }
@@ -471,7 +471,7 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
     // Every rank that failed did so because of another one: the one their errors name (the
     // failure relay makes them agree) is the failure, even if it never exited on its own (a
     // stopped or hung rank the launcher had to stop).
-    if (ExitCodeOf(chosen.status) == kExitBecauseOfAnotherRank) {
+    if (ExitCodeOf(chosen.status) == job::kExitBecauseOfAnotherRank) {
       const int blamed = BlamedRank(r.err_tail);
       const auto it = std::find_if(ranks.begin(), ranks.end(),
                                    [&](const Rank& x) { return x.command.rank == blamed; });
@@ -504,10 +504,10 @@ int RunLocal(const RunArgs& args) {
   }
   // Check the config once here, so a mistake is reported once and not by every worker.
   if (args.worker_command.empty() && args.program.empty()) {
-    LoadJobConfig(args.config_path, args.overrides);
+    job::LoadJobConfig(args.config_path, args.overrides);
   }
   if (!args.out_dir.empty()) {
-    CheckOutDirIsFree(args.out_dir, args.overwrite || args.resume);  // before any rank starts
+    job::CheckOutDirIsFree(args.out_dir, args.overwrite || args.resume);  // before any rank starts
     std::error_code ec;
     std::filesystem::create_directories(args.out_dir, ec);
     if (ec) Throw(ErrorCode::kIo, "--out {}: cannot create the directory: {}", args.out_dir, ec.message());

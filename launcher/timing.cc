@@ -1,4 +1,4 @@
-#include "launcher/model_builder.h"
+#include "core/job/model_builder.h"
 #include "launcher/timing.h"
 
 #include <algorithm>
@@ -18,8 +18,8 @@
 #include "core/data/dataset.h"
 #include "core/train/classifier_task.h"
 #include "core/train/timing_model.h"
-#include "launcher/config.h"
-#include "launcher/worker.h"
+#include "core/job/config.h"
+#include "core/job/worker.h"
 #include "layers/model.h"
 
 namespace pipesgd::launcher {
@@ -171,8 +171,8 @@ std::vector<std::string> ProbeWorkerCommand(const ProbeArgs& a) {
 }
 
 void RunProbe(const ProbeArgs& args) {
-  const JobEnv env = ReadJobEnv();
-  const config::Job job = LoadJobConfig(args.config_path, args.overrides);
+  const job::JobEnv env = job::ReadJobEnv();
+  const config::Job job = job::LoadJobConfig(args.config_path, args.overrides);
   const auto& data_cfg = job.data();
   const auto& train_cfg = job.train();
   int classes = 0;
@@ -182,7 +182,7 @@ void RunProbe(const ProbeArgs& args) {
   data::Dataset train_set = data::LoadDataset(data_cfg.train_images(), data_cfg.train_labels(),
                                               classes, data_cfg.train_limit());
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  auto model = std::make_unique<layers::Model>(BuildLayers(job.model()), batch);
+  auto model = std::make_unique<layers::Model>(job::BuildLayers(job.model()), batch);
   const size_t p = model->num_params();
   std::vector<float> params(p), grads(p);
   model->Init(params, train_cfg.seed());
@@ -260,7 +260,7 @@ void RunProbe(const ProbeArgs& args) {
   if (env.world_size > 1) {
     const int w = env.world_size, r = env.rank;
     const std::vector<int> peers = collective::Communicator::RingPeers(r, w);
-    PeerLinks links = ConnectPeers(env, "pipesgd " PIPESGD_VERSION " probe\n" + JobDescription(job),
+    job::PeerLinks links = job::ConnectPeers(env, "pipesgd " PIPESGD_VERSION " probe\n" + job::JobDescription(job),
                                    peers, job.comm(), Deadline::After(job.comm().start_timeout_s()),
                                    fmt::format("comm.start_timeout_s = {} s", job.comm().start_timeout_s()));
     auto conn = [&](int peer) -> transport::Connection& {

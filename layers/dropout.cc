@@ -12,7 +12,7 @@
 #include "core/base/check.h"
 #include "core/base/error.h"
 #include "layers/layer.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd::layers {
 namespace {

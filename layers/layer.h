@@ -19,7 +19,7 @@
 #include <span>
 #include <string>
 
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd::layers {
 
@@ -36,6 +36,14 @@ struct Shape {
 // "32x14x14".
 std::string ToString(const Shape& shape);
 
+// The output shapes of the spatial layers, once for the layers themselves and for the config's
+// checks of a model before any layer is built (core/job/config_validate.cc).
+// REQUIRES kernel <= height + 2 * padding and kernel <= width + 2 * padding, stride >= 1.
+Shape Conv2dOutShape(const Shape& in, size_t out_channels, size_t kernel, size_t stride,
+                     size_t padding);
+// REQUIRES kernel <= height and kernel <= width, stride >= 1.
+Shape MaxPool2dOutShape(const Shape& in, size_t kernel, size_t stride);
+
 // Everything about one Forward/Backward call besides its buffers. Backward must get the same
 // Pass (same batch, training flag, key, first_row and workspace) as the Forward it follows.
 struct Pass {
@@ -44,7 +52,7 @@ struct Pass {
   // and identity for Dropout.
   bool training = false;
   // This layer's random key for this step (Model derives it from the run's seed, the global
-  // step and the layer's index; see RandomKey in layers/rng.h). Random numbers are a pure
+  // step and the layer's index; see RandomKey in core/base/rng.h). Random numbers are a pure
   // function of (key, global sample row, element), never a stream carried between steps, so a
   // run is reproducible and a resumed run draws exactly what the uninterrupted one would have.
   uint64_t key = 0;
@@ -146,7 +154,7 @@ std::unique_ptr<Layer> MakeMaxPool2d(const Shape& in, size_t kernel, size_t stri
                                      CpuKernels kernels = DefaultCpuKernels());
 
 // Inverted dropout (Srivastava et al. 2014; PyTorch's nn.Dropout): when training, element j of
-// global row r is kept iff UnitFloat(Hash(pass.key, r * shape.size() + j)) >= p (layers/rng.h)
+// global row r is kept iff UnitFloat(Hash(pass.key, r * shape.size() + j)) >= p (core/base/rng.h)
 // and y = x * mask with mask 1/(1-p) (float) where kept, 0 where dropped; identity when not
 // training. Same shape, no parameters, no workspace: Backward recomputes the mask from the Pass.
 // Throws Error(kInvalidArgument) for p outside [0, 1).

@@ -28,7 +28,7 @@ struct EvalResult {
 };
 
 // Where a training batch sits in the run, for layers that draw random numbers (Dropout): layer
-// i gets Pass::key = RandomKey(seed, step, i) and Pass::first_row = first_row (layers/rng.h).
+// i gets Pass::key = RandomKey(seed, step, i) and Pass::first_row = first_row (core/base/rng.h).
 struct BatchKey {
   uint64_t seed = 0;       // the run's seed (train.seed)
   uint64_t step = 0;       // global step

@@ -21,7 +21,7 @@
 #include "core/base/error.h"
 #include "layers/layer.h"
 #include "layers/onednn.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 #include "layers/spatial.h"
 
 namespace pipesgd::layers {

@@ -53,9 +53,21 @@ std::string ToString(CpuKernels kernels) {
   return kernels == CpuKernels::kOneDnn ? "onednn" : "openblas";
 }
 
+Shape Conv2dOutShape(const Shape& in, size_t out_channels, size_t kernel, size_t stride,
+                     size_t padding) {
+  PSGD_CHECK(stride >= 1 && kernel <= in.height + 2 * padding && kernel <= in.width + 2 * padding);
+  return {out_channels, (in.height + 2 * padding - kernel) / stride + 1,
+          (in.width + 2 * padding - kernel) / stride + 1};
+}
+
+Shape MaxPool2dOutShape(const Shape& in, size_t kernel, size_t stride) {
+  PSGD_CHECK(stride >= 1 && kernel <= in.height && kernel <= in.width);
+  return {in.channels, (in.height - kernel) / stride + 1, (in.width - kernel) / stride + 1};
+}
+
 Conv2dGeometry::Conv2dGeometry(const Shape& in_shape, size_t oc, size_t k, size_t s, size_t p)
     : in(in_shape),
-      out{oc, (in_shape.height + 2 * p - k) / s + 1, (in_shape.width + 2 * p - k) / s + 1},
+      out(Conv2dOutShape(in_shape, oc, k, s, p)),
       out_channels(oc),
       kernel(k),
       stride(s),
@@ -76,7 +88,7 @@ void Conv2dGeometry::Init(std::span<float> params, Rng& rng) const {
 
 MaxPool2dGeometry::MaxPool2dGeometry(const Shape& in_shape, size_t k, size_t s)
     : in(in_shape),
-      out{in_shape.channels, (in_shape.height - k) / s + 1, (in_shape.width - k) / s + 1},
+      out(MaxPool2dOutShape(in_shape, k, s)),
       kernel(k),
       stride(s) {}
 

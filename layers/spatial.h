@@ -9,7 +9,7 @@
 #include <string>
 
 #include "layers/layer.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd::layers {
 

@@ -19,7 +19,7 @@
 #include "core/base/error.h"
 #include "layers/layer.h"
 #include "layers/model.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 #include "tests/support/gradcheck.h"
 
 namespace pipesgd::layers {

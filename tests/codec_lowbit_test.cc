@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/collective/codec.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd {
 namespace {
@@ -123,7 +123,7 @@ TEST(Sign1, KnownGroupBytes) {
 TEST(Sign1, ScaleIsTheMeanMagnitudePerGroupOf256) {
   auto s1 = Make(CodecKind::kSign1);
   std::vector<float> src(600);
-  layers::Rng rng(5);
+  pipesgd::Rng rng(5);
   for (float& x : src) x = rng.Uniform(-2.0f, 2.0f);
   const auto bytes = Encode(*s1, src);
   ASSERT_EQ(bytes.size(), 3 * 4u + 75u);

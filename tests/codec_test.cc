@@ -14,7 +14,7 @@
 
 #include "core/base/error.h"
 #include "core/collective/codec.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd {
 namespace {
@@ -89,7 +89,7 @@ const size_t kLengths[] = {0, 1, 2, 7, 255, 256, 257, 1000};
 
 // Random values of mixed magnitude and sign: most in [-1, 1], some 1e-3 and 1e3 larger.
 std::vector<float> RandomData(size_t n, uint64_t seed) {
-  layers::Rng rng(seed);
+  pipesgd::Rng rng(seed);
   std::vector<float> v(n);
   for (float& x : v) {
     const float mag = rng.Below(10) == 0 ? (rng.Below(2) ? 1e3f : 1e-3f) : 1.0f;
@@ -355,7 +355,7 @@ TEST(Trunc16, RoundingNeverMakesAFiniteValueInfinite) {
 TEST(Trunc16, MatchesAReferenceOnRandomBitPatterns) {
   auto trunc = Make(CodecKind::kTrunc16);
   auto rne = Make(CodecKind::kTrunc16, true);
-  layers::Rng rng(11);
+  pipesgd::Rng rng(11);
   std::vector<float> src;
   while (src.size() < 200000) {
     uint32_t b = static_cast<uint32_t>(rng.NextU64());
@@ -512,7 +512,7 @@ TEST(Fp16, MatchesAReferenceRoundingAtEveryBoundary) {
       }
     }
   }
-  layers::Rng rng(12);
+  pipesgd::Rng rng(12);
   for (int i = 0; i < 400000; ++i) {
     uint32_t b = static_cast<uint32_t>(rng.NextU64());
     if (i % 2) {  // exponents around the fp16 range (2^-27 .. 2^18)
@@ -644,7 +644,7 @@ TEST(Q8, ErrorIsWithinTheBoundOnRandomData) {
                     Range{1e6f, 1e6f + 1.0f, false}, Range{-1e-40f, 1e-40f, false},
                     Range{0.0f, 3e-43f, false},
                     Range{-max, max}, Range{0.5f * max, max}, Range{-1e38f, -1e37f}}) {
-      layers::Rng rng(31);
+      pipesgd::Rng rng(31);
       std::vector<float> src(4096);
       for (float& x : src) {
         x = static_cast<float>(r.lo + (static_cast<double>(r.hi) - r.lo) * rng.NextUnitFloat());

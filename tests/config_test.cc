@@ -1,6 +1,6 @@
 // LoadJobConfig / FormatConfig: the shipped config, defaults, parse errors with file:line:column,
 // range checks and --set overrides.
-#include "launcher/config.h"
+#include "core/job/config.h"
 
 #include <stdlib.h>
 
@@ -16,10 +16,10 @@
 #include <gtest/gtest.h>
 
 #include "core/base/error.h"
-#include "launcher/worker.h"
+#include "core/job/worker.h"
 #include "layers/layer.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 namespace {
 
 using ::testing::AllOf;
@@ -776,9 +776,9 @@ TEST_F(ConfigTest, CompensationEvaluationAndTarget) {
 }
 
 }  // namespace
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 namespace {
 
 using ::testing::HasSubstr;
@@ -829,4 +829,4 @@ TEST(SdpipeConfig, DefaultsAreTheNotesAndBadValuesAreNamed) {
 }
 
 }  // namespace
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

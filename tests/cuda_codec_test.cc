@@ -13,7 +13,7 @@
 #include "core/collective/codec.h"
 #include "core/cuda/cuda_codec.h"
 #include "layers/cuda/device.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 #include "tests/support/cuda_skip.h"
 
 namespace pipesgd {
@@ -24,7 +24,7 @@ using cuda::DeviceBuffer;
 
 // Random values over many magnitudes plus the edge cases of each format.
 std::vector<float> Values(size_t n, uint64_t seed, float span) {
-  layers::Rng rng(seed);
+  pipesgd::Rng rng(seed);
   std::vector<float> v(n);
   for (float& x : v) {
     const float mag = std::ldexp(1.0f, static_cast<int>(rng.Below(60)) - 40);
@@ -100,7 +100,7 @@ TEST(CudaCodec, Q8BitwiseAsCpu) {
   CodecOptions options;
   options.kind = CodecKind::kQ8;
   std::vector<float> gradient_like(65536);
-  layers::Rng rng(9);
+  pipesgd::Rng rng(9);
   for (float& x : gradient_like) x = rng.Uniform(-0.01f, 0.02f);
   CheckCodec(options, gradient_like);
   CheckCodec(options, std::vector<float>(1000, 0.25f));           // constant chunk: scale 0

@@ -25,7 +25,7 @@
 #include "layers/cuda/device.h"
 #include "layers/layer.h"
 #include "layers/model.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 #include "layers/sgd.h"
 #include "tests/support/cuda_skip.h"
 
@@ -39,7 +39,7 @@ using cuda::DeviceBuffer;
 constexpr double kRelTol = 1e-4;
 
 std::vector<float> Random(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  layers::Rng rng(seed);
+  pipesgd::Rng rng(seed);
   std::vector<float> v(n);
   for (float& x : v) x = rng.Uniform(lo, hi);
   return v;
@@ -85,7 +85,7 @@ void CompareLayer(const layers::Layer& cpu, cuda::CudaLayer& gpu, size_t batch, 
   ASSERT_EQ(cpu.in_shape(), gpu.in_shape());
   ASSERT_EQ(cpu.out_shape(), gpu.out_shape());
   std::vector<float> params(cpu.num_params());
-  layers::Rng rng(seed);
+  pipesgd::Rng rng(seed);
   cpu.Init(params, rng);
   const std::vector<float> x = Random(batch * cpu.in_features(), seed + 1);
   const std::vector<float> dy = Random(batch * cpu.out_features(), seed + 2);
@@ -95,7 +95,7 @@ void CompareLayer(const layers::Layer& cpu, cuda::CudaLayer& gpu, size_t batch, 
   layers::Pass pass;
   pass.batch = batch;
   pass.training = true;
-  pass.key = layers::RandomKey(seed, 3, 1);
+  pass.key = pipesgd::RandomKey(seed, 3, 1);
   pass.first_row = 5 * batch;
   pass.workspace = workspace;
   cpu.Forward(params, x.data(), y.data(), pass);

@@ -16,7 +16,7 @@
 #include "core/base/error.h"
 #include "layers/layer.h"
 #include "layers/model.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 #include "layers/sgd.h"
 #include "tests/support/gradcheck.h"
 

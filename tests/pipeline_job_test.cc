@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.h"
-#include "launcher/config.h"
+#include "core/job/config.h"
 #include "tests/support/subprocess.h"
 
 namespace pipesgd {
@@ -25,7 +25,7 @@ const std::string kCnn = std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mni
 
 std::string LoadError(const std::string& path, const std::vector<std::string>& overrides) {
   try {
-    launcher::LoadJobConfig(path, overrides);
+    job::LoadJobConfig(path, overrides);
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
     return e.what();
@@ -35,13 +35,13 @@ std::string LoadError(const std::string& path, const std::vector<std::string>& o
 }
 
 TEST(PipelineConfig, ShippedTwoStageConfigsLoad) {
-  const config::Job mlp = launcher::LoadJobConfig(kMlp, {});
+  const config::Job mlp = job::LoadJobConfig(kMlp, {});
   EXPECT_EQ(mlp.train().mode(), config::SDPIPE);
   EXPECT_EQ(mlp.pipeline().stages(), 2);
   ASSERT_EQ(mlp.pipeline().boundaries_size(), 1);
   EXPECT_EQ(mlp.pipeline().boundaries(0), 2);
   EXPECT_EQ(mlp.pipeline().micro_batches(), 4);
-  const config::Job cnn = launcher::LoadJobConfig(kCnn, {});
+  const config::Job cnn = job::LoadJobConfig(kCnn, {});
   EXPECT_EQ(cnn.pipeline().stages(), 2);
   EXPECT_EQ(cnn.pipeline().boundaries(0), 6);
   EXPECT_TRUE(cnn.model().layers(6).has_flatten());

@@ -15,7 +15,7 @@
 #include "core/train/pipeline_stage.h"
 #include "layers/layer.h"
 #include "layers/model.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd::train {
 namespace {
@@ -181,7 +181,7 @@ TEST(PipelineStage, SplitGradientsEqualTheUnsplitModel) {
   std::vector<float> params(model.num_params());
   model.Init(params, 42);
   std::vector<float> x(batch * 36);
-  layers::Rng rng(7);
+  pipesgd::Rng rng(7);
   for (auto& v : x) v = rng.Uniform(-1, 1);
   const std::vector<uint8_t> labels{0, 3, 1, 2, 3};
   const layers::BatchKey key{42, 11, 20};
@@ -238,7 +238,7 @@ TEST(PipelineStage, BackwardUsesTheWeightsItsForwardStashed) {
     return l;
   };
   std::vector<float> w0(4 * 3 + 3);
-  layers::Rng rng(3);
+  pipesgd::Rng rng(3);
   for (auto& v : w0) v = rng.Uniform(-1, 1);
   // A middle stage (first_layer 2): it computes input gradients too.
   PipelineStage stage(make(), 2, false, batch, 3, w0);

@@ -22,7 +22,7 @@
 #include "core/train/sdpipe_service.h"
 #include "core/train/sdpipe_trainer.h"
 #include "layers/model.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 #include "tests/support/multiproc.h"
 #include "transport/rendezvous.h"
 #include "transport/tcp/tcp_transport.h"
@@ -87,13 +87,13 @@ class Synthetic : public MicroBatchSource {
   explicit Synthetic(size_t rows) : rows_(rows) {}
   void Load(int64_t step, int pipeline, int mb, float* x, uint8_t* labels) override {
     for (size_t r = 0; r < rows_; ++r) {
-      const uint64_t key = layers::Mix64((static_cast<uint64_t>(step) << 32) ^
+      const uint64_t key = pipesgd::Mix64((static_cast<uint64_t>(step) << 32) ^
                                          (static_cast<uint64_t>(pipeline) << 20) ^
                                          (static_cast<uint64_t>(mb) << 10) ^ r);
       if (x != nullptr) {
-        for (size_t j = 0; j < kIn; ++j) x[r * kIn + j] = 2 * layers::UnitFloat(layers::Hash(key, j)) - 1;
+        for (size_t j = 0; j < kIn; ++j) x[r * kIn + j] = 2 * pipesgd::UnitFloat(pipesgd::Hash(key, j)) - 1;
       }
-      if (labels != nullptr) labels[r] = static_cast<uint8_t>(layers::Hash(key, 99) % kClasses);
+      if (labels != nullptr) labels[r] = static_cast<uint8_t>(pipesgd::Hash(key, 99) % kClasses);
     }
   }
 

@@ -12,7 +12,7 @@
 #include "core/collective/ring_allreduce.h"
 #include "core/train/classifier_task.h"
 #include "core/train/trainer.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 #include "tests/support/multiproc.h"
 #include "tests/support/ring.h"
 
@@ -29,7 +29,7 @@ using testing::RunRanks;
 using testing::UnpackFloats;
 
 float Uniform(uint64_t key) {
-  layers::Rng rng(key * 0x9E3779B97F4A7C15ull ^ 0x9051);
+  pipesgd::Rng rng(key * 0x9E3779B97F4A7C15ull ^ 0x9051);
   return rng.Uniform(-1.0f, 1.0f);
 }
 

@@ -10,7 +10,7 @@
 #include "core/base/error.h"
 #include "core/collective/codec.h"
 #include "core/collective/ring_allreduce.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 #include "tests/support/multiproc.h"
 #include "tests/support/ring.h"
 
@@ -27,7 +27,7 @@ using testing::UnpackFloats;
 
 // Rank r's element i: uniform in [-1, 1), a pure function of (r, i).
 float Input(int rank, uint64_t i) {
-  layers::Rng rng((static_cast<uint64_t>(rank) << 40) ^ (i * 0x9E3779B97F4A7C15ull) ^ 0x5eed);
+  pipesgd::Rng rng((static_cast<uint64_t>(rank) << 40) ^ (i * 0x9E3779B97F4A7C15ull) ^ 0x5eed);
   return rng.Uniform(-1.0f, 1.0f);
 }
 

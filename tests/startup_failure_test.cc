@@ -1,6 +1,6 @@
 // Every phase x every victim (issue: start-up failures told as precisely as mid-job ones): 4
 // ranks started by hand, as `pipesgd worker` with RANK/WORLD_SIZE/MASTER_*; one of them is
-// killed (SIGKILL) or fails with an error (PIPESGD_FAULT, launcher/fault.h) at the rendezvous,
+// killed (SIGKILL) or fails with an error (PIPESGD_FAULT, core/job/fault.h) at the rendezvous,
 // at ring set-up, before the first AllReduce or mid-training. Every survivor must name the
 // victim ("the job failed because of rank V"), exit with kExitBecauseOfAnotherRank (3), and do
 // so within comm.start_timeout_s / comm.timeout_s + 1 s of the victim's end. Before the failure

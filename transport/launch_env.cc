@@ -1,5 +1,7 @@
 #include "transport/launch_env.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdlib>
 
@@ -182,6 +184,35 @@ LaunchEnv ReadLaunchEnv(const EnvLookup& lookup) {
         static_cast<uint16_t>(ParseInt("MASTER_PORT", port, 1, 65535, "a TCP port in [1, 65535]"));
   }
   return env;
+}
+
+std::string RankHost() {
+  if (const char* host = std::getenv("PIPESGD_HOST"); host != nullptr && *host) return host;
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0' ? name : "this host";
+}
+
+std::string ShellQuote(const std::string& word) {
+  // Words the shell takes as they are stay readable (a command line in summary.json).
+  if (!word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                              "0123456789_./:,@%+-") == std::string::npos) {
+    return word;
+  }
+  std::string out = "'";
+  for (char c : word) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+std::string ShellJoin(const std::vector<std::string>& words) {
+  std::string line;
+  for (const auto& w : words) line += (line.empty() ? "" : " ") + ShellQuote(w);
+  return line;
 }
 
 }  // namespace pipesgd::transport

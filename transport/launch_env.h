@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace pipesgd::transport {
 
@@ -42,5 +43,16 @@ LaunchEnv ReadLaunchEnv(const EnvLookup& lookup = {});
 // The first host of a Slurm hostlist ("lab[0-3],gpu7" -> "lab0"; "n[09-12]" -> "n09").
 // Throws Error(kInvalidArgument) naming `variable` for an empty list or unbalanced brackets.
 std::string FirstSlurmHost(const std::string& list, const char* variable);
+
+// This rank's host for messages and summary.json: PIPESGD_HOST (the name the launcher's host
+// list used), else this machine's hostname, else "this host".
+std::string RankHost();
+
+// Quotes `word` for a POSIX shell ('...' with embedded quotes escaped); a word of letters,
+// digits and _./:,@%+- only stays as it is.
+std::string ShellQuote(const std::string& word);
+
+// `words` as one shell command line: each ShellQuote-d, joined by spaces.
+std::string ShellJoin(const std::vector<std::string>& words);
 
 }  // namespace pipesgd::transport

@@ -275,7 +275,7 @@ class Fp16Codec final : public Codec16<Fp16Codec> {
 // every element to min itself, bitwise (-0.0 included; a chunk that mixes +0.0 and -0.0 is
 // constant too and decodes to zeros of the sign of whichever zero the min search kept).
 
-uint64_t Mix64(uint64_t z) {  // the SplitMix64 finalizer (as in layers/rng.h)
+uint64_t Mix64(uint64_t z) {  // the SplitMix64 finalizer (as in core/base/rng.h)
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);

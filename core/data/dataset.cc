@@ -9,7 +9,7 @@
 #include "core/base/check.h"
 #include "core/base/error.h"
 #include "core/data/idx.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd::data {
 
@@ -93,9 +93,9 @@ std::span<const uint32_t> Sampler::Batch(int epoch, size_t step) {
     // nearby (seed, epoch) pairs start far apart in the sequence. (Seeding with
     // seed ^ golden*(epoch+1) would not do: SplitMix64 advances its state by that same golden
     // constant, so epoch e+1's stream would be epoch e's shifted by one draw.)
-    const uint64_t seed_key = layers::Rng(seed_).NextU64();
-    const uint64_t stream = layers::Rng(seed_key ^ static_cast<uint64_t>(epoch)).NextU64();
-    layers::Rng rng(stream);
+    const uint64_t seed_key = pipesgd::Rng(seed_).NextU64();
+    const uint64_t stream = pipesgd::Rng(seed_key ^ static_cast<uint64_t>(epoch)).NextU64();
+    pipesgd::Rng rng(stream);
     perm_.resize(num_samples_);
     std::iota(perm_.begin(), perm_.end(), uint32_t{0});
     // Fisher-Yates: position i takes a uniform pick among positions [0, i].

@@ -12,7 +12,7 @@
 //   stream = Rng(key ^ e).NextU64()
 //   perm   = iota(N), then Fisher-Yates with Rng(stream): for i = N down to 2,
 //            swap(perm[i-1], perm[Below(i)])
-// with Rng = pipesgd::layers::Rng (SplitMix64), identical on every platform.
+// with Rng = pipesgd::pipesgd::Rng (SplitMix64), identical on every platform.
 #pragma once
 
 #include <cstddef>

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <vector>
 
 #include "core/base/error.h"
 #include "core/base/log.h"
+#include "transport/rendezvous.h"
 
 namespace pipesgd::train {
 namespace fs = std::filesystem;
@@ -203,6 +205,64 @@ std::optional<checkpoint::Checkpoint> LoadLatestCheckpoint(const fs::path& dir, 
     }
   }
   return std::nullopt;
+}
+
+checkpoint::Checkpoint CaptureCheckpoint(const RingJobState& state,
+                                         const TrainerSnapshot& snapshot) {
+  for (size_t i = 0; i < state.params.size(); ++i) {
+    if (!std::isfinite(state.params[i])) {
+      Throw(ErrorCode::kNumerical,
+            "rank {}: step {}: parameter {} is {}; not writing a checkpoint of this state",
+            state.rank, snapshot.steps, i, state.params[i]);
+    }
+  }
+  checkpoint::Checkpoint c;
+  c.set_format_version(1);
+  c.set_job(state.job);
+  c.set_rank(state.rank);
+  c.set_world_size(state.world_size);
+  c.set_steps(snapshot.steps);
+  c.set_applied(snapshot.applied);
+  c.set_collective_sequence(state.collective_sequence);
+  c.mutable_params()->Add(state.params.begin(), state.params.end());
+  c.mutable_optimizer_state()->Add(state.optimizer_state.begin(), state.optimizer_state.end());
+  c.mutable_residual()->Add(state.residual.begin(), state.residual.end());
+  c.mutable_losses()->Add(snapshot.losses.begin(), snapshot.losses.end());
+  for (const auto& p : snapshot.pending) {
+    auto* pending = c.add_pending();
+    pending->set_step(p.step);
+    pending->mutable_aggregate()->Add(p.aggregate.begin(), p.aggregate.end());
+    pending->mutable_local()->Add(p.local.begin(), p.local.end());
+  }
+  return c;
+}
+
+TrainerSnapshot SnapshotFromCheckpoint(const checkpoint::Checkpoint& c) {
+  TrainerSnapshot snapshot;
+  snapshot.steps = c.steps();
+  snapshot.applied = c.applied();
+  snapshot.losses.assign(c.losses().begin(), c.losses().end());
+  for (const auto& p : c.pending()) {
+    snapshot.pending.push_back({p.step(),
+                                {p.aggregate().begin(), p.aggregate().end()},
+                                {p.local().begin(), p.local().end()}});
+  }
+  return snapshot;
+}
+
+void CheckCheckpointFitsJob(const checkpoint::Checkpoint& c, const std::string& dir,
+                            const std::string& job, int world_size, size_t num_params) {
+  if (c.job() != job) {
+    Throw(ErrorCode::kInvalidArgument,
+          "--resume: the checkpoint of step {} in {} was written by another job: {}", c.steps(),
+          dir, transport::DescribeJobDifference(c.job(), "the checkpoint", job, "this job"));
+  }
+  if (c.world_size() != world_size || c.params_size() != static_cast<int64_t>(num_params)) {
+    Throw(ErrorCode::kDataLoss,
+          "--resume: checkpoint of step {} has world size {} and {} parameters, the job has {} "
+          "and {}",
+          c.steps(), c.world_size(), c.params_size(), world_size, num_params);
+  }
 }
 
 }  // namespace pipesgd::train

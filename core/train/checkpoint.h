@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "core/checkpoint.pb.h"  // generated from core/train/checkpoint.proto
+#include "core/train/trainer.h"
 
 namespace pipesgd::train {
 
@@ -39,5 +41,31 @@ checkpoint::Checkpoint ParseCheckpoint(const std::string& bytes, const std::stri
 std::optional<checkpoint::Checkpoint> LoadLatestCheckpoint(const std::filesystem::path& dir,
                                                            int rank,
                                                            std::optional<int64_t> step = {});
+
+// A ring job's state between steps, beside the trainer's own (TrainerSnapshot): what its
+// checkpoint holds. The spans must stay valid for the call.
+struct RingJobState {
+  std::string job;  // the job's description: a resume must be of the same job
+  int rank = 0;
+  int world_size = 1;
+  uint64_t collective_sequence = 0;  // the communicator's next sequence number
+  std::span<const float> params;
+  std::span<const float> optimizer_state;
+  std::span<const float> residual;  // the error-feedback residual (empty without it)
+};
+
+// The checkpoint of `state` and `snapshot`. Throws Error(kNumerical) naming the rank, the step
+// and the first parameter that is not finite: no checkpoint is ever taken of such a state.
+checkpoint::Checkpoint CaptureCheckpoint(const RingJobState& state,
+                                         const TrainerSnapshot& snapshot);
+
+// The trainer's part of `c`, for Trainer::Restore; the inverse of CaptureCheckpoint's.
+TrainerSnapshot SnapshotFromCheckpoint(const checkpoint::Checkpoint& c);
+
+// Throws Error when `c` (read from `dir`) cannot continue this job: kInvalidArgument when
+// another job wrote it (naming the first differing line), kDataLoss when its world size or
+// parameter count differ from this job's.
+void CheckCheckpointFitsJob(const checkpoint::Checkpoint& c, const std::string& dir,
+                            const std::string& job, int world_size, size_t num_params);
 
 }  // namespace pipesgd::train

@@ -8,7 +8,7 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd::train {
 
@@ -133,7 +133,7 @@ layers::Pass PipelineStage::LayerPass(Slot& slot, size_t i) {
   layers::Pass pass;
   pass.batch = slot.batch;
   pass.training = true;
-  pass.key = layers::RandomKey(slot.key.seed, slot.key.step, first_layer_ + i);
+  pass.key = pipesgd::RandomKey(slot.key.seed, slot.key.step, first_layer_ + i);
   pass.first_row = slot.key.first_row;
   pass.workspace =
       std::span<std::byte>(slot.workspaces[i].data(), layers_[i]->workspace_bytes(slot.batch));

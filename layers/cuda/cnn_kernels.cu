@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd::cuda::kernels {
 namespace {
@@ -146,7 +146,7 @@ __global__ void MaxPoolBackwardKernel(const float* dy, const int32_t* argmax, fl
 __global__ void DropoutKernel(const float* x, float* y, size_t n, uint64_t key, uint64_t first,
                               float p, float scale) {
   GRID_LOOP(k, n) {
-    const float mask = layers::UnitFloat(layers::Hash(key, first + k)) >= p ? scale : 0.0f;
+    const float mask = pipesgd::UnitFloat(pipesgd::Hash(key, first + k)) >= p ? scale : 0.0f;
     y[k] = __fmul_rn(x[k], mask);
   }
 }

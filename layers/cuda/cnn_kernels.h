@@ -42,7 +42,7 @@ cudaError_t MaxPoolForward(const float* x, float* y, int32_t* argmax, size_t bat
 cudaError_t MaxPoolBackward(const float* dy, const int32_t* argmax, float* dx, size_t batch,
                             const Window& g, cudaStream_t stream);
 // y[k] = x[k] * mask(k), mask = 1/(1-p) where UnitFloat(Hash(key, first + k)) >= p else 0
-// (layers/rng.h; bitwise the CPU's Dropout). n elements starting at global element `first`.
+// (core/base/rng.h; bitwise the CPU's Dropout). n elements starting at global element `first`.
 cudaError_t DropoutApply(const float* x, float* y, size_t n, uint64_t key, uint64_t first,
                          float p, float scale, cudaStream_t stream);
 

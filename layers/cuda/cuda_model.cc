@@ -16,7 +16,7 @@
 #include "layers/cuda/cublas_loader.h"
 #include "layers/cuda/kernels.h"
 #include "layers/layer.h"
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd::cuda {
 namespace {
@@ -174,7 +174,7 @@ layers::Pass CudaModel::LayerPass(size_t i, size_t batch, bool training,
   layers::Pass pass;
   pass.batch = batch;
   pass.training = training;
-  pass.key = layers::RandomKey(key.seed, key.step, i);
+  pass.key = pipesgd::RandomKey(key.seed, key.step, i);
   pass.first_row = key.first_row;
   pass.workspace = std::span<std::byte>(workspaces_[i].data(),
                                         layers_[i]->workspace_bytes(batch));

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/base/error.h"
-#include "launcher/config.h"
+#include "core/job/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string input(reinterpret_cast<const char*>(data), size);
@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     input.resize(zero);
   }
   try {
-    pipesgd::launcher::ParseJobConfig(input, "fuzz.pbtxt", overrides);
+    pipesgd::job::ParseJobConfig(input, "fuzz.pbtxt", overrides);
   } catch (const pipesgd::Error&) {
   }
   return 0;

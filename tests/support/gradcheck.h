@@ -7,13 +7,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "layers/rng.h"
+#include "core/base/rng.h"
 
 namespace pipesgd::testing {
 
 inline std::vector<float> RandomVector(size_t n, uint64_t seed, float lo = -1.0f,
                                        float hi = 1.0f) {
-  layers::Rng rng(seed);
+  pipesgd::Rng rng(seed);
   std::vector<float> v(n);
   for (float& x : v) x = rng.Uniform(lo, hi);
   return v;

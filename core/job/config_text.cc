@@ -1,4 +1,4 @@
-// Reading a config file and parse errors that name the field: launcher/config_detail.h.
+// Reading a config file and parse errors that name the field: core/job/config_detail.h.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -13,9 +13,9 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include "core/base/error.h"
-#include "launcher/config_detail.h"
+#include "core/job/config_detail.h"
 
-namespace pipesgd::launcher::config_detail {
+namespace pipesgd::job::config_detail {
 namespace {
 
 // Protobuf's own messages say what was expected but, for a bad value, not of which field; the
@@ -208,4 +208,4 @@ void ParseText(const std::string& text, const std::string& path, config::Job* jo
   }
 }
 
-}  // namespace pipesgd::launcher::config_detail
+}  // namespace pipesgd::job::config_detail

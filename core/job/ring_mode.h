@@ -8,10 +8,10 @@
 #include "configs/pipesgd.pb.h"
 #include "core/train/run_loop.h"
 #include "core/train/trainer.h"
-#include "launcher/fault.h"
+#include "core/job/fault.h"
 #include "layers/model.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 class RingMode : public train::TrainingMode {
  public:
@@ -69,4 +69,4 @@ class RingMode : public train::TrainingMode {
   train::WireTotals wire_before_;  // at the previous evaluation
 };
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

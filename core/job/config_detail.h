@@ -1,4 +1,4 @@
-// The parts of launcher/config.cc's job (text -> validated config::Job), one file each:
+// The parts of core/job/config.cc's job (text -> validated config::Job), one file each:
 //   config_text.cc       reading the file, parse errors that name the field and the line
 //   config_overrides.cc  --set PATH=VALUE
 //   config_defaults.cc   every unset value filled with its declared default
@@ -17,7 +17,7 @@
 
 #include "configs/pipesgd.pb.h"
 
-namespace pipesgd::launcher::config_detail {
+namespace pipesgd::job::config_detail {
 
 namespace pb = google::protobuf;
 using pb::Descriptor;
@@ -74,4 +74,4 @@ void Validate(const config::Job& job, const std::string& file,
               const TextFormat::ParseInfoTree* tree,
               const std::vector<AppliedOverride>& overrides, const std::set<std::string>& filled);
 
-}  // namespace pipesgd::launcher::config_detail
+}  // namespace pipesgd::job::config_detail

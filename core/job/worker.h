@@ -13,7 +13,7 @@
 #include "transport/failure_relay.h"
 #include "transport/launch_env.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 // The exit status of a worker that failed because of another rank (the job's failure relay
 // blamed that rank): `pipesgd run` reports a rank that failed on its own instead.
@@ -110,9 +110,9 @@ JobEnv ReadJobEnv();
 // exits non-zero).
 void RunWorker(const WorkerArgs& args);
 
-// The parameter-server schemes (train.mode PS_SYNC, PS_ASYNC; launcher/ps_worker.cc): rank 0
+// The parameter-server schemes (train.mode PS_SYNC, PS_ASYNC; core/job/ps_worker.cc): rank 0
 // serves, the other ranks train. Same outputs as RunWorker (log lines, metrics.jsonl,
 // summary.json, --timeline). Throws pipesgd::Error.
 void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& job);
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

@@ -1,13 +1,13 @@
-// Every unset value filled with its declared default: launcher/config_detail.h.
+// Every unset value filled with its declared default: core/job/config_detail.h.
 #include <set>
 #include <string>
 #include <vector>
 
 #include <google/protobuf/reflection.h>
 
-#include "launcher/config_detail.h"
+#include "core/job/config_detail.h"
 
-namespace pipesgd::launcher::config_detail {
+namespace pipesgd::job::config_detail {
 namespace {
 
 // Sets every unset singular scalar to its declared default and creates the singular
@@ -93,4 +93,4 @@ std::set<std::string> FillDefaults(Message* message) {
   return filled;
 }
 
-}  // namespace pipesgd::launcher::config_detail
+}  // namespace pipesgd::job::config_detail

@@ -18,14 +18,12 @@
 
 #include "core/base/error.h"
 #include "core/base/log.h"
-#include "launcher/config.h"
-#include "launcher/model_builder.h"
-#include "launcher/process.h"
-#include "launcher/ssh_launcher.h"
-#include "launcher/worker_detail.h"
+#include "core/job/config.h"
+#include "core/job/model_builder.h"
+#include "core/job/worker_detail.h"
 #include "transport/launch_env.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 void CheckOutDirIsFree(const std::string& dir, bool replace) {
   const std::filesystem::path summary = std::filesystem::path(dir) / "summary.json";
@@ -44,9 +42,9 @@ void CheckOutDirIsFree(const std::string& dir, bool replace) {
         dir, started);
 }
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job
 
-namespace pipesgd::launcher::detail {
+namespace pipesgd::job::detail {
 
 nlohmann::json ConfigAsJson(const config::Job& job) {
   std::string text;
@@ -176,7 +174,7 @@ std::string CommandLine() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> words;
   for (std::string word; std::getline(in, word, '\0');) words.push_back(word);
-  return ShellJoin(words);
+  return transport::ShellJoin(words);
 }
 
 // Every rank's host in rank order where the launcher knows them (pipesgd run sets
@@ -191,7 +189,7 @@ nlohmann::json Hosts() {
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
-  if (hosts.empty()) hosts.push_back(RankHost());
+  if (hosts.empty()) hosts.push_back(transport::RankHost());
   return hosts;
 }
 
@@ -229,7 +227,7 @@ nlohmann::json Summary(const SummaryInputs& in, const train::RunOutcome& outcome
           {"wire_bytes", in.wire_bytes},
           {"version", PIPESGD_VERSION},
           {"start_time", StartTime(in.wall_s)},
-          {"host", RankHost()},  // rank 0's
+          {"host", transport::RankHost()},  // rank 0's
           {"hosts", Hosts()},
           {"launcher", LauncherName()},
           {"command_line", CommandLine()},
@@ -237,4 +235,4 @@ nlohmann::json Summary(const SummaryInputs& in, const train::RunOutcome& outcome
           {"config", ConfigAsJson(job)}};
 }
 
-}  // namespace pipesgd::launcher::detail
+}  // namespace pipesgd::job::detail

@@ -11,10 +11,10 @@
 #include <cstdint>
 #include <string_view>
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 // Injects the fault PIPESGD_FAULT describes if it is for `rank` at `phase` (for phase "step",
 // at `step`).
 void MaybeInjectFault(int rank, std::string_view phase, int64_t step = 0);
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

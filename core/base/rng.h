@@ -13,7 +13,7 @@
 #define PSGD_HOST_DEVICE
 #endif
 
-namespace pipesgd::layers {
+namespace pipesgd {
 
 inline constexpr uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ULL;
 
@@ -65,4 +65,4 @@ class Rng {
   uint64_t state_;
 };
 
-}  // namespace pipesgd::layers
+}  // namespace pipesgd

@@ -1,4 +1,4 @@
-#include "launcher/config.h"
+#include "core/job/config.h"
 
 #include <cctype>
 #include <set>
@@ -11,9 +11,9 @@
 #include <google/protobuf/text_format.h>
 
 #include "core/base/error.h"
-#include "launcher/config_detail.h"
+#include "core/job/config_detail.h"
 
-namespace pipesgd::launcher::config_detail {
+namespace pipesgd::job::config_detail {
 
 std::string PathString(const std::vector<Step>& steps) {
   std::string out;
@@ -40,9 +40,9 @@ std::string FieldNames(const Descriptor* type) {
   return out;
 }
 
-}  // namespace pipesgd::launcher::config_detail
+}  // namespace pipesgd::job::config_detail
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 using namespace config_detail;  // NOLINT(google-build-using-namespace): this file's own parts
 
@@ -94,4 +94,4 @@ std::string FormatConfig(const config::Job& job, bool single_line) {
   return out;
 }
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

@@ -12,7 +12,7 @@
 #include "layers/cuda/cuda_model.h"
 #endif
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 // model.input_channels x input_height x input_width.
 layers::Shape InputShape(const config::Model& spec);
@@ -42,4 +42,4 @@ std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spe
 std::vector<std::unique_ptr<cuda::CudaLayer>> BuildCudaLayers(const config::Model& spec);
 #endif
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

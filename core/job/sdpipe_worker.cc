@@ -1,5 +1,5 @@
-#include "launcher/sdpipe_worker.h"
-#include "launcher/model_builder.h"
+#include "core/job/sdpipe_worker.h"
+#include "core/job/model_builder.h"
 
 #include <limits>
 #include <map>
@@ -14,10 +14,10 @@
 #include "core/train/sdpipe_service.h"
 #include "core/train/sdpipe_trainer.h"
 #include "core/train/straggler.h"
-#include "launcher/config.h"
-#include "launcher/worker_detail.h"
+#include "core/job/config.h"
+#include "core/job/worker_detail.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 namespace {
 
 using namespace detail;
@@ -127,31 +127,20 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
                   sd.window_max_s(), config::Transport_Name(comm_cfg.transport()));
     LogEffectiveConfig(args.config_path, job);
   }
-  std::unique_ptr<OutputDir> out;
-  if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir, args.overwrite || args.resume);
-
+  std::unique_ptr<OutputDir> out = ClaimOutputDir(lead, args);
   const auto& data_cfg = job.data();
   const detail::JobData sets = detail::LoadJobData(job);
   const data::Dataset& train_set = sets.train;
   const data::Dataset& test_set = sets.test;
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  const size_t max_batch = std::max<size_t>(batch, 500);
-  auto stack = BuildLayers(job.model());
-  CheckModelFitsInMemory(stack, max_batch, 2);
-  auto model = std::make_unique<layers::Model>(std::move(stack), max_batch);
-  std::vector<float> params(model->num_params());
-  model->Init(params, train_cfg.seed());
+  JobModel built = BuildJobModel(job, 2);
+  const std::unique_ptr<layers::Model> model = std::move(built.model);
+  std::vector<float>& params = built.params;
   train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size,
                              train_cfg.seed(), {data_cfg.input_mean(), data_cfg.input_std()});
   train::StragglerObjective objective(task, StragglerFromConfig(job, env.world_size), env.rank);
   const int64_t steps_per_epoch = static_cast<int64_t>(task.steps_per_epoch());
-  if (steps_per_epoch == 0) {
-    Throw(ErrorCode::kInvalidArgument,
-          "train.batch_size = {} x world size {} = {} samples per step, but the training set "
-          "({}) has only {} samples",
-          batch, env.world_size, batch * env.world_size, data_cfg.train_images(),
-          train_set.count);
-  }
+  CheckStepsPerEpoch(steps_per_epoch, job, env.world_size, "ranks", train_set.count);
   const int64_t n = env.world_size;
   if (lead) {
     PSGD_LOG_INFO("model: {}", model->Describe());
@@ -168,39 +157,19 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
                                      std::move(connected.addresses),
                                      CommunicatorOptionsFromConfig(job));
 
-  // The scheduler lives in rank 0; its port reaches the others through one exact AllReduce of
-  // everyone (a port fits a float exactly).
-  train::GroupSchedulerOptions sopt;
-  sopt.world_size = env.world_size;
-  sopt.period = sd.period();
-  sopt.window_init_s = sd.window_init_s();
-  sopt.window_min_s = sd.window_min_s();
-  sopt.window_max_s = sd.window_max_s();
-  sopt.window_grow = sd.window_grow();
-  sopt.window_shrink = sd.window_shrink();
-  sopt.min_group = sd.min_group();
+  // The scheduler lives in rank 0.
+  train::GroupSchedulerOptions sopt = SchedulerOptionsFromConfig(sd, env.world_size);
   const train::RunPlan plan = PlanFromConfig(job, steps_per_epoch,
                                              static_cast<int64_t>(batch) * env.world_size);
   sopt.epoch_updates = steps_per_epoch * n;
   sopt.total_updates = plan.total_steps() * n;
   sopt.eval_updates = plan.eval_every_steps * n;
-  std::unique_ptr<train::GroupSchedulerService> service;
-  std::vector<float> port = {0.0f};
+  const SchedulerEndpoint scheduler = StartScheduler(comm, env, sopt, 1, start_deadline);
+  train::GroupSchedulerClient client(scheduler.host, scheduler.port, env.rank, env.world_size,
+                                     env.job_token, start_deadline);
   if (lead) {
-    service = std::make_unique<train::GroupSchedulerService>(sopt, 1, "0.0.0.0", env.job_token);
-    port[0] = static_cast<float>(service->port());
-  }
-  std::vector<int> everyone(env.world_size);
-  std::iota(everyone.begin(), everyone.end(), 0);
-  collective::AllReduceOptions exact;
-  exact.compress = false;
-  comm.AllReduce(port, collective::ReduceOp::kSum, everyone, start_deadline, nullptr, exact);
-  const std::string scheduler_host = env.world_size == 1 ? "127.0.0.1" : env.master_addr;
-  train::GroupSchedulerClient client(scheduler_host, static_cast<uint16_t>(port[0]), env.rank,
-                                     env.world_size, env.job_token, start_deadline);
-  if (lead) {
-    PSGD_LOG_INFO("group scheduler at {}:{}; {} ranks over {}", scheduler_host,
-                  static_cast<int>(port[0]), env.world_size, comm.transport().Describe());
+    PSGD_LOG_INFO("group scheduler at {}:{}; {} ranks over {}", scheduler.host, scheduler.port,
+                  env.world_size, comm.transport().Describe());
   }
   ClientGroups groups(client, comm_cfg.timeout_s());
 
@@ -217,7 +186,7 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
 
   const double wall_s = Seconds(start);
   if (lead) {
-    const std::vector<train::GroupDecision> decisions = service->decisions();
+    const std::vector<train::GroupDecision> decisions = scheduler.service->decisions();
     std::map<int, int64_t> sizes;
     std::map<std::string, int64_t> kinds;
     for (const auto& d : decisions) {
@@ -245,4 +214,4 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
   }
 }
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

@@ -1,4 +1,4 @@
-#include "launcher/ring_mode.h"
+#include "core/job/ring_mode.h"
 
 #include <algorithm>
 #include <limits>
@@ -6,7 +6,7 @@
 
 #include "core/base/log.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 train::TrainingMode::Result RingMode::Evaluate(int64_t from) {
   const layers::EvalResult local = evaluate_shard_();
@@ -42,4 +42,4 @@ train::TrainingMode::Result RingMode::Evaluate(int64_t from) {
   return r;
 }
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

@@ -1,4 +1,4 @@
-#include "launcher/model_builder.h"
+#include "core/job/model_builder.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -10,7 +10,7 @@
 #include "core/base/log.h"
 #include "layers/model.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 layers::Shape InputShape(const config::Model& spec) {
   return {static_cast<size_t>(spec.input_channels()), static_cast<size_t>(spec.input_height()),
@@ -139,4 +139,4 @@ std::vector<std::unique_ptr<cuda::CudaLayer>> BuildCudaLayers(const config::Mode
 }
 #endif
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

@@ -1,5 +1,6 @@
-// Pieces of the worker shared by its training modes (worker.cc: RING; sdpipe_worker.cc: SDPIPE).
-// Internal to the launcher.
+// The job lifecycle's pieces that every training mode shares (worker.cc: RING; ps_worker.cc;
+// sdpipe_worker.cc: SDPIPE; pipeline_worker.cc: its stages), so that each mode's file is only
+// what makes that mode different. Set-up in setup.cc, outputs in worker_report.cc.
 #pragma once
 
 #include <fcntl.h>
@@ -18,14 +19,17 @@
 
 #include "configs/pipesgd.pb.h"
 #include "core/base/error.h"
+#include "core/base/timeline.h"
+#include "core/collective/group_allreduce.h"
 #include "core/data/dataset.h"
 #include "core/train/run_loop.h"
+#include "core/train/sdpipe_service.h"
 #include "core/train/straggler.h"
 #include "core/train/trainer.h"
-#include "launcher/worker.h"
+#include "core/job/worker.h"
 #include "layers/model.h"
 
-namespace pipesgd::launcher::detail {
+namespace pipesgd::job::detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -113,6 +117,51 @@ class OutputDir {
   std::FILE* metrics_ = nullptr;
 };
 
+// A deadline error with the setting that bounds it appended ("... (comm.timeout_s = 60 s)"),
+// same code and culprit.
+Error WithTimeoutSetting(const Error& e, const std::string& timeout_setting);
+
+// Rank `lead` claims --out before anything slow (a bad --out fails at once, before the data
+// loads); null on the other ranks and without --out.
+std::unique_ptr<OutputDir> ClaimOutputDir(bool lead, const WorkerArgs& args);
+
+// The job's model on this rank: job.model's layers, checked against this machine's memory for
+// `gradient_buffers` gradients in flight, with parameters initialised from train.seed (the same
+// on every rank). Evaluation batches hold up to 500 samples, fewer where a sample's activations
+// are large (~64 MiB per rank at most).
+struct JobModel {
+  std::unique_ptr<layers::Model> model;
+  std::vector<float> params;
+  size_t eval_batch = 0;
+  size_t max_batch = 0;  // max(train.batch_size, eval_batch): what the model is built for
+};
+JobModel BuildJobModel(const config::Job& job, int gradient_buffers);
+
+// Throws Error(kInvalidArgument) when an epoch has no step: train.batch_size x `replicas`
+// (`replica_kind`: "ranks", "workers", "pipelines") samples per step is more than the
+// training set's `train_samples`.
+void CheckStepsPerEpoch(int64_t steps_per_epoch, const config::Job& job, int64_t replicas,
+                        const char* replica_kind, uint64_t train_samples);
+
+// The group scheduler's options from job.sdpipe, for `world_size` replicas.
+train::GroupSchedulerOptions SchedulerOptionsFromConfig(const config::Sdpipe& sd,
+                                                        int world_size);
+// Rank 0 starts the group scheduler (with `states` scheduler states); its port reaches every
+// rank through one exact AllReduce of everyone (a port fits a float exactly).
+struct SchedulerEndpoint {
+  std::unique_ptr<train::GroupSchedulerService> service;  // rank 0 only
+  std::string host;
+  uint16_t port = 0;
+};
+SchedulerEndpoint StartScheduler(collective::GroupCommunicator& comm, const JobEnv& env,
+                                 const train::GroupSchedulerOptions& options, int states,
+                                 Deadline deadline);
+
+// --timeline: this rank's recorder (null without it), and its file written at the end.
+std::unique_ptr<timeline::Recorder> TimelineRecorder(const WorkerArgs& args, const JobEnv& env);
+void WriteTimeline(const timeline::Recorder* recorder, const WorkerArgs& args,
+                   const JobEnv& env);
+
 // The run plan of job.train for a mode whose epoch has `steps_per_epoch` global steps of
 // `global_batch` samples.
 train::RunPlan PlanFromConfig(const config::Job& job, int64_t steps_per_epoch,
@@ -156,4 +205,4 @@ struct SummaryInputs {
 nlohmann::json Summary(const SummaryInputs& in, const train::RunOutcome& outcome,
                        const config::Job& job, nlohmann::json details);
 
-}  // namespace pipesgd::launcher::detail
+}  // namespace pipesgd::job::detail

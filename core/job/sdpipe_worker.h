@@ -6,13 +6,13 @@
 #include <chrono>
 
 #include "configs/pipesgd.pb.h"
-#include "launcher/worker.h"
+#include "core/job/worker.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 // Runs this rank to completion. `start`: when the worker started (for wall-clock totals).
 // Throws pipesgd::Error on any failure.
 void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& job,
                      std::chrono::steady_clock::time_point start);
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

@@ -1,4 +1,4 @@
-// --set PATH=VALUE: launcher/config_detail.h.
+// --set PATH=VALUE: core/job/config_detail.h.
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -15,9 +15,9 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
-#include "launcher/config_detail.h"
+#include "core/job/config_detail.h"
 
-namespace pipesgd::launcher::config_detail {
+namespace pipesgd::job::config_detail {
 
 std::string ExpectedValue(const FieldDescriptor* field) {
   switch (field->cpp_type()) {
@@ -219,4 +219,4 @@ AppliedOverride ApplyOverride(config::Job* job, const std::string& spec) {
   return {path, where};
 }
 
-}  // namespace pipesgd::launcher::config_detail
+}  // namespace pipesgd::job::config_detail

@@ -1,5 +1,5 @@
 // The ranges written next to each field in configs/pipesgd.proto, and the rules across fields:
-// launcher/config_detail.h. Over 600 lines because it is one table of rules and the one class
+// core/job/config_detail.h. Over 600 lines because it is one table of rules and the one class
 // that walks a job against it; each Check* method is one field or one rule across fields.
 #include <algorithm>
 #include <cmath>
@@ -16,11 +16,11 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
-#include "launcher/config_detail.h"
+#include "core/job/config_detail.h"
 #include "layers/layer.h"
 #include "transport/ifname.h"
 
-namespace pipesgd::launcher::config_detail {
+namespace pipesgd::job::config_detail {
 namespace {
 
 // Whether model.kernels = CUDNN can run in this build (whether libcudnn loads is the worker's
@@ -298,6 +298,15 @@ class Validator {
       int64_t c, h, w;
     };
     auto text = [](const Shape& s) { return fmt::format("{}x{}x{}", s.c, s.h, s.w); };
+    // The layers' own shape arithmetic (layers/layer.h), on values this check has bounded.
+    auto to_layers = [](const Shape& s) {
+      return layers::Shape{static_cast<size_t>(s.c), static_cast<size_t>(s.h),
+                           static_cast<size_t>(s.w)};
+    };
+    auto from_layers = [](const layers::Shape& s) {
+      return Shape{static_cast<int64_t>(s.channels), static_cast<int64_t>(s.height),
+                   static_cast<int64_t>(s.width)};
+    };
     if (model.input_channels() < 1 || model.input_height() < 1 || model.input_width() < 1) return;
     Shape shape{model.input_channels(), model.input_height(), model.input_width()};
     // Per-sample activations stay within int32 (BLAS dimensions, argmax indices); that also
@@ -353,8 +362,11 @@ class Validator {
                                k, std::min(shape.h, shape.w) + 2 * p, from, p));
             return;
           }
-          next = {conv.out_channels(), (shape.h + 2 * p - k) / conv.stride() + 1,
-                  (shape.w + 2 * p - k) / conv.stride() + 1};
+          next = from_layers(layers::Conv2dOutShape(to_layers(shape),
+                                                   static_cast<size_t>(conv.out_channels()),
+                                                   static_cast<size_t>(k),
+                                                   static_cast<size_t>(conv.stride()),
+                                                   static_cast<size_t>(p)));
           break;
         }
         case config::Layer::kMaxPool2D: {
@@ -369,7 +381,8 @@ class Validator {
                                k, std::min(shape.h, shape.w), from));
             return;
           }
-          next = {shape.c, (shape.h - k) / stride + 1, (shape.w - k) / stride + 1};
+          next = from_layers(layers::MaxPool2dOutShape(to_layers(shape), static_cast<size_t>(k),
+                                                      static_cast<size_t>(stride)));
           break;
         }
         case config::Layer::kFlatten:
@@ -648,4 +661,4 @@ void Validate(const config::Job& job, const std::string& file,
   Validator(file, tree, overrides, filled).Run(job);
 }
 
-}  // namespace pipesgd::launcher::config_detail
+}  // namespace pipesgd::job::config_detail

@@ -7,7 +7,7 @@
 
 #include "configs/pipesgd.pb.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 // Parses the text-format file at `path`, applies `overrides` in order, fills every unset scalar
 // field with its schema default, and validates every value against the ranges documented in
@@ -38,4 +38,4 @@ std::string TransportEnumName(const std::string& name);
 // printing at start and for comparing ranks. `single_line` prints it on one line.
 std::string FormatConfig(const config::Job& job, bool single_line = false);
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

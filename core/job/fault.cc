@@ -1,4 +1,4 @@
-#include "launcher/fault.h"
+#include "core/job/fault.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 
 #include "core/base/error.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 void MaybeInjectFault(int rank, std::string_view phase, int64_t step) {
   const char* spec = std::getenv("PIPESGD_FAULT");
@@ -55,4 +55,4 @@ void MaybeInjectFault(int rank, std::string_view phase, int64_t step) {
         where, text);
 }
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

@@ -12,7 +12,7 @@
 // steps is a stronger form of the connectivity the connect rounds guarantee (every P rounds the
 // groups connect all replicas). The last request says so, and each rank then closes its
 // scheduler connection without failing the job.
-#include "launcher/pipeline_worker.h"
+#include "core/job/pipeline_worker.h"
 
 #include <limits>
 #include <map>
@@ -25,11 +25,11 @@
 #include "core/train/classifier_task.h"
 #include "core/train/pipeline_trainer.h"
 #include "core/train/sdpipe_service.h"
-#include "launcher/config.h"
-#include "launcher/model_builder.h"
-#include "launcher/worker_detail.h"
+#include "core/job/config.h"
+#include "core/job/model_builder.h"
+#include "core/job/worker_detail.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 namespace {
 
 using namespace detail;
@@ -297,12 +297,7 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
 
   DatasetMicroBatches data(train_set, batch, rows, pipeline, N, train_cfg.seed(), scaling);
   const auto steps_per_epoch = static_cast<int64_t>(data.steps_per_epoch());
-  if (steps_per_epoch == 0) {
-    Throw(ErrorCode::kInvalidArgument,
-          "train.batch_size = {} x {} pipelines = {} samples per step, but the training set "
-          "({}) has only {} samples",
-          batch, N, batch * N, data_cfg.train_images(), train_set.count);
-  }
+  CheckStepsPerEpoch(steps_per_epoch, job, N, "pipelines", train_set.count);
   const train::RunPlan plan =
       PlanFromConfig(job, steps_per_epoch, static_cast<int64_t>(batch) * N);
   if (lead) {
@@ -319,8 +314,7 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
   }
   PSGD_LOG_INFO("rank {}: stage {} of pipeline {}: {}", env.rank, stage, pipeline,
                 model.Describe());
-  std::unique_ptr<OutputDir> out;
-  if (lead && !args.out_dir.empty()) out = std::make_unique<OutputDir>(args.out_dir, args.overwrite || args.resume);
+  std::unique_ptr<OutputDir> out = ClaimOutputDir(lead, args);
 
   const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
   ConnectedTransport connected = TransportForEveryone(env, job, start_deadline);
@@ -330,30 +324,12 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
 
   // One scheduler state per stage, each over the stage's N replicas; no connect rounds, no
   // epochs and no end of its own (see the top of this file).
-  train::GroupSchedulerOptions sopt;
-  sopt.world_size = N;
+  train::GroupSchedulerOptions sopt = SchedulerOptionsFromConfig(sd, N);
   // Never a connect round of its own: FullSync steps replace them (see the top of this file).
   sopt.period = std::numeric_limits<int>::max();
-  sopt.window_init_s = sd.window_init_s();
-  sopt.window_min_s = sd.window_min_s();
-  sopt.window_max_s = sd.window_max_s();
-  sopt.window_grow = sd.window_grow();
-  sopt.window_shrink = sd.window_shrink();
-  sopt.min_group = sd.min_group();
-  std::unique_ptr<train::GroupSchedulerService> service;
-  std::vector<float> port = {0.0f};
-  if (lead) {
-    service = std::make_unique<train::GroupSchedulerService>(sopt, M, "0.0.0.0", env.job_token);
-    port[0] = static_cast<float>(service->port());
-  }
-  std::vector<int> everyone(env.world_size);
-  std::iota(everyone.begin(), everyone.end(), 0);
-  collective::AllReduceOptions exact;
-  exact.compress = false;
-  comm.AllReduce(port, collective::ReduceOp::kSum, everyone, start_deadline, nullptr, exact);
-  const std::string scheduler_host = env.world_size == 1 ? "127.0.0.1" : env.master_addr;
-  train::GroupSchedulerClient client(scheduler_host, static_cast<uint16_t>(port[0]), pipeline, N,
-                                     env.job_token, start_deadline);
+  const SchedulerEndpoint scheduler = StartScheduler(comm, env, sopt, M, start_deadline);
+  train::GroupSchedulerClient client(scheduler.host, scheduler.port, pipeline, N, env.job_token,
+                                     start_deadline);
   StageGroups groups(client, stage, N, sd.period(), plan, comm_cfg.timeout_s());
 
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
@@ -377,7 +353,7 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
     nlohmann::json stages_json = nlohmann::json::array();
     for (int s = 0; s < M; ++s) {
       std::map<int, int64_t> sizes;
-      const auto decisions = service->decisions(s);
+      const auto decisions = scheduler.service->decisions(s);
       for (const auto& d : decisions) sizes[static_cast<int>(d.members.size())] += 1;
       nlohmann::json hist = nlohmann::json::object();
       for (const auto& [size, count] : sizes) hist[std::to_string(size)] = count;
@@ -404,4 +380,4 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
   }
 }
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

@@ -16,13 +16,13 @@
 #include "core/data/dataset.h"
 #include "core/train/classifier_task.h"
 #include "core/train/ps_trainer.h"
-#include "launcher/model_builder.h"
-#include "launcher/config.h"
-#include "launcher/worker.h"
-#include "launcher/worker_detail.h"
+#include "core/job/model_builder.h"
+#include "core/job/config.h"
+#include "core/job/worker.h"
+#include "core/job/worker_detail.h"
 #include "layers/model.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 namespace {
 
 using detail::Clock;
@@ -113,27 +113,22 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
                     config::Comm::Compression_Name(comm_cfg.compression()), mode_name);
     }
   }
-  // The lead worker claims the output directory before anything slow (a bad --out fails at once).
-  std::unique_ptr<detail::OutputDir> out;
-  if (lead && !args.out_dir.empty()) out = std::make_unique<detail::OutputDir>(args.out_dir, args.overwrite || args.resume);
-
+  // The lead worker claims the output directory.
+  std::unique_ptr<detail::OutputDir> out = detail::ClaimOutputDir(lead, args);
   const detail::JobData sets = detail::LoadJobData(job);
   const data::Dataset& train_set = sets.train;
   const data::Dataset& test_set = sets.test;
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  auto model = std::make_unique<layers::Model>(BuildLayers(job.model()), std::max<size_t>(batch, 500));
-  std::vector<float> params(model->num_params());
-  model->Init(params, train_cfg.seed());
+  // The server keeps one update's buffers, a worker one gradient in flight.
+  detail::JobModel built = detail::BuildJobModel(job, 1);
+  const std::unique_ptr<layers::Model> model = std::move(built.model);
+  std::vector<float>& params = built.params;
   const int shard = server ? 0 : env.rank - 1;
   train::ClassifierTask task(*model, train_set, batch, shard, workers, train_cfg.seed(),
                              {data_cfg.input_mean(), data_cfg.input_std()});
   const size_t steps_per_epoch = task.steps_per_epoch();
-  if (steps_per_epoch == 0) {
-    Throw(ErrorCode::kInvalidArgument,
-          "train.batch_size = {} x {} workers = {} samples per step, but the training set ({}) "
-          "has only {} samples",
-          batch, workers, batch * workers, data_cfg.train_images(), train_set.count);
-  }
+  detail::CheckStepsPerEpoch(static_cast<int64_t>(steps_per_epoch), job, workers, "workers",
+                             train_set.count);
   if (lead) {
     PSGD_LOG_INFO("model: {}", model->Describe());
     PSGD_LOG_INFO("data: {} training samples ({} steps per epoch of global batch {}), {} test "
@@ -168,12 +163,8 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
     return;
   }
 
-  std::unique_ptr<timeline::Recorder> recorder;
-  if (!args.timeline.empty()) {
-    recorder = std::make_unique<timeline::Recorder>(env.rank, args.timeline_first_step,
-                                                    args.timeline_steps);
-    task.set_timeline(recorder.get());
-  }
+  const std::unique_ptr<timeline::Recorder> recorder = detail::TimelineRecorder(args, env);
+  task.set_timeline(recorder.get());
   train::PsWorker worker(*links.transport, *links.connections[0], task, params, env.rank, options);
   worker.set_timeline(recorder.get());
   PsWorkerMode mode(worker, task, params, test_set, shard, workers);
@@ -183,11 +174,7 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
       PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch), global_batch);
   const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
   worker.Bye();
-  if (recorder) {
-    const std::string file = timeline::RankFile(args.timeline, env.rank, env.world_size);
-    recorder->WriteFile(file);
-    PSGD_LOG_INFO("rank {}: timeline: {} spans written to {}", env.rank, recorder->size(), file);
-  }
+  detail::WriteTimeline(recorder.get(), args, env);
   if (lead) {
     const double wall_s = Seconds(start);
     LogFinal(outcome, plan, wall_s);
@@ -199,4 +186,4 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
   }
 }
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

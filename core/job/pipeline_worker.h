@@ -3,9 +3,9 @@
 #include <chrono>
 
 #include "configs/pipesgd.pb.h"
-#include "launcher/worker.h"
+#include "core/job/worker.h"
 
-namespace pipesgd::launcher {
+namespace pipesgd::job {
 
 // train.mode: SDPIPE with pipeline.stages > 1 (docs/pipeline.md): this rank runs one stage of
 // one pipeline (core/train/pipeline_trainer.h) to completion. `start`: when the worker started.
@@ -14,4 +14,4 @@ namespace pipesgd::launcher {
 void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& job,
                        std::chrono::steady_clock::time_point start);
 
-}  // namespace pipesgd::launcher
+}  // namespace pipesgd::job

@@ -1,0 +1,219 @@
+// The set-up and tear-down that every training mode shares (core/job/worker_detail.h): data,
+// model, the output directory, the group scheduler, the timeline file.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/base/error.h"
+#include "core/base/log.h"
+#include "core/job/model_builder.h"
+#include "core/job/worker_detail.h"
+
+namespace pipesgd::job::detail {
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+
+// Refuses a model whose buffers (parameters, momentum, one gradient per pipeline slot, and the
+// activations, their gradients and the layers' workspaces at `max_batch`) cannot fit in this
+// machine's memory, before allocating any of it.
+void CheckModelFitsInMemory(const std::vector<std::unique_ptr<layers::Layer>>& stack,
+                            size_t max_batch, int width) {
+  double params = 0;
+  double scratch = 0;
+  for (const auto& layer : stack) {
+    params += static_cast<double>(layer->num_params());
+    scratch += 2.0 * static_cast<double>(max_batch) * static_cast<double>(layer->out_features()) *
+                   sizeof(float) +
+               static_cast<double>(layer->workspace_bytes(max_batch));
+  }
+  const double bytes = params * sizeof(float) * (width + 2) + scratch;
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  if (bytes > memory) {
+    Throw(ErrorCode::kInvalidArgument,
+          "the model has {:.0f} parameters: its parameters, momentum and {} gradient buffers, "
+          "and activations for batches of {}, need {:.1f} GiB, more than this machine's {:.1f} "
+          "GiB of memory",
+          params, width, max_batch, bytes / (1 << 30), memory / (1 << 30));
+  }
+}
+
+int NumClasses(const config::Model& spec) {
+  for (int i = spec.layers_size() - 1; i >= 0; --i) {
+    if (spec.layers(i).has_linear()) return spec.layers(i).linear().out_features();
+  }
+  return 0;  // the config loader rejects models without a linear layer
+}
+
+JobData LoadJobData(const config::Job& job) {
+  const int num_classes = NumClasses(job.model());
+  const auto& cfg = job.data();
+  JobData sets{
+      data::LoadDataset(cfg.train_images(), cfg.train_labels(), num_classes, cfg.train_limit()),
+      data::LoadDataset(cfg.test_images(), cfg.test_labels(), num_classes, cfg.test_limit())};
+  data::CheckSameShape(sets.train, cfg.train_images(), sets.test, cfg.test_images());
+  const layers::Shape input = InputShape(job.model());
+  if (sets.train.rows != input.height || sets.train.cols != input.width || input.channels != 1) {
+    Throw(ErrorCode::kInvalidArgument,
+          "model.input_channels x input_height x input_width = {}: expected 1x{}x{}, the "
+          "images of {} (IDX images have one channel)",
+          layers::ToString(input), sets.train.rows, sets.train.cols, cfg.train_images());
+  }
+  return sets;
+}
+
+collective::CommunicatorOptions CommunicatorOptionsFromConfig(const config::Job& job) {
+  static_assert(static_cast<int>(CodecKind::kTrunc16) == config::Comm::trunc16 &&
+                static_cast<int>(CodecKind::kFp16) == config::Comm::fp16 &&
+                static_cast<int>(CodecKind::kQ8) == config::Comm::q8 &&
+                static_cast<int>(CodecKind::kQ4) == config::Comm::q4 &&
+                static_cast<int>(CodecKind::kSign1) == config::Comm::sign1 &&
+                static_cast<int>(CodecKind::kNone) == config::Comm::none);
+  const auto& comm_cfg = job.comm();
+  collective::CommunicatorOptions o;
+  o.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
+  o.streams = comm_cfg.streams();
+  o.codec.kind = static_cast<CodecKind>(comm_cfg.compression());
+  o.codec.round_to_nearest_even = comm_cfg.round_to_nearest_even();
+  o.codec.stochastic_rounding = comm_cfg.stochastic_rounding();
+  o.codec.seed = job.train().seed();
+  o.compression_min_bytes = static_cast<uint64_t>(comm_cfg.min_bytes());
+  o.error_feedback = comm_cfg.error_feedback();
+  return o;
+}
+
+ConnectedTransport TransportForEveryone(const JobEnv& env, const config::Job& job,
+                                        Deadline start_deadline) {
+  const auto& comm_cfg = job.comm();
+  std::vector<int> peers;
+  for (int r = 0; r < env.world_size; ++r) {
+    if (r != env.rank) peers.push_back(r);
+  }
+  return ConnectTransport(env, JobDescription(job), comm_cfg.streams(), comm_cfg, peers,
+                          start_deadline, fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
+}
+
+train::StalenessCompensation CompensationFromConfig(config::StalenessCompensation c) {
+  switch (c) {
+    case config::NONE:
+      return train::StalenessCompensation::kNone;
+    case config::MOMENTUM:
+      return train::StalenessCompensation::kMomentum;
+    case config::LOCAL_GRADIENT:
+      return train::StalenessCompensation::kLocalGradient;
+  }
+  Throw(ErrorCode::kInvalidArgument, "train.staleness_compensation = {}: unknown",
+        static_cast<int>(c));
+}
+
+train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size) {
+  train::StragglerOptions o;
+  const config::Straggler& st = job.straggler();
+  for (int r : st.ranks()) {
+    if (r < 0 || r >= world_size) {
+      Throw(ErrorCode::kInvalidArgument,
+            "straggler.ranks has rank {}: expected ranks in [0, world size {})", r, world_size);
+    }
+    o.ranks.push_back(r);
+  }
+  o.sleep_s = st.sleep_s();
+  o.probability = st.probability();
+  o.seed = st.seed();
+  return o;
+}
+
+std::unique_ptr<OutputDir> ClaimOutputDir(bool lead, const WorkerArgs& args) {
+  if (!lead || args.out_dir.empty()) return nullptr;
+  return std::make_unique<OutputDir>(args.out_dir, args.overwrite || args.resume);
+}
+
+JobModel BuildJobModel(const config::Job& job, int gradient_buffers) {
+  auto stack = BuildLayers(job.model());
+  // Evaluation runs in batches of up to 500 (fewer calls), but not beyond ~64 MiB of
+  // activations per rank: a CNN's feature maps are far larger than an MLP's.
+  size_t floats_per_sample = 0;
+  for (const auto& layer : stack) floats_per_sample += 2 * layer->out_features();
+  JobModel m;
+  m.eval_batch = std::clamp<size_t>((size_t{64} << 20) / sizeof(float) /
+                                        std::max<size_t>(floats_per_sample, 1),
+                                    1, 500);
+  m.max_batch = std::max(static_cast<size_t>(job.train().batch_size()), m.eval_batch);
+  CheckModelFitsInMemory(stack, m.max_batch, gradient_buffers);
+  m.model = std::make_unique<layers::Model>(std::move(stack), m.max_batch);
+  m.params.resize(m.model->num_params());
+  m.model->Init(m.params, job.train().seed());
+  return m;
+}
+
+void CheckStepsPerEpoch(int64_t steps_per_epoch, const config::Job& job, int64_t replicas,
+                        const char* replica_kind, uint64_t train_samples) {
+  if (steps_per_epoch > 0) return;
+  const int64_t batch = job.train().batch_size();
+  Throw(ErrorCode::kInvalidArgument,
+        "train.batch_size = {} x {} {} = {} samples per step, but the training set ({}) has "
+        "only {} samples",
+        batch, replicas, replica_kind, batch * replicas, job.data().train_images(),
+        train_samples);
+}
+
+train::GroupSchedulerOptions SchedulerOptionsFromConfig(const config::Sdpipe& sd,
+                                                        int world_size) {
+  train::GroupSchedulerOptions o;
+  o.world_size = world_size;
+  o.period = sd.period();
+  o.window_init_s = sd.window_init_s();
+  o.window_min_s = sd.window_min_s();
+  o.window_max_s = sd.window_max_s();
+  o.window_grow = sd.window_grow();
+  o.window_shrink = sd.window_shrink();
+  o.min_group = sd.min_group();
+  return o;
+}
+
+SchedulerEndpoint StartScheduler(collective::GroupCommunicator& comm, const JobEnv& env,
+                                 const train::GroupSchedulerOptions& options, int states,
+                                 Deadline deadline) {
+  SchedulerEndpoint s;
+  std::vector<float> port = {0.0f};
+  if (env.rank == 0) {
+    s.service = std::make_unique<train::GroupSchedulerService>(options, states, "0.0.0.0",
+                                                               env.job_token);
+    port[0] = static_cast<float>(s.service->port());
+  }
+  std::vector<int> everyone(env.world_size);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  collective::AllReduceOptions exact;
+  exact.compress = false;
+  comm.AllReduce(port, collective::ReduceOp::kSum, everyone, deadline, nullptr, exact);
+  s.host = env.world_size == 1 ? "127.0.0.1" : env.master_addr;
+  s.port = static_cast<uint16_t>(port[0]);
+  return s;
+}
+
+std::unique_ptr<timeline::Recorder> TimelineRecorder(const WorkerArgs& args, const JobEnv& env) {
+  if (args.timeline.empty()) return nullptr;
+  return std::make_unique<timeline::Recorder>(env.rank, args.timeline_first_step,
+                                              args.timeline_steps);
+}
+
+void WriteTimeline(const timeline::Recorder* recorder, const WorkerArgs& args,
+                   const JobEnv& env) {
+  if (recorder == nullptr) return;
+  const std::string file = timeline::RankFile(args.timeline, env.rank, env.world_size);
+  recorder->WriteFile(file);
+  PSGD_LOG_INFO("rank {}: timeline of steps [{}, {}): {} spans written to {}{}", env.rank,
+                args.timeline_first_step, args.timeline_first_step + args.timeline_steps,
+                recorder->size(), file,
+                recorder->dropped()
+                    ? fmt::format(" ({} dropped: buffer full)", recorder->dropped())
+                    : "");
+}
+
+}  // namespace pipesgd::job::detail

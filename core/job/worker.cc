@@ -1,0 +1,387 @@
+#include "core/job/worker.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/check.h"
+#include "core/base/error.h"
+#include "core/base/log.h"
+#include "core/collective/powersgd.h"
+#include "core/collective/ring_allreduce.h"
+#include "core/data/dataset.h"
+#include "core/train/checkpoint.h"
+#include "core/train/classifier_task.h"
+#include "core/base/timeline.h"
+#include "core/train/trainer.h"
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "core/cuda/cuda_gradients.h"
+#include "core/cuda/cuda_task.h"
+#include "layers/cuda/cuda_model.h"
+#include "layers/cuda/device.h"
+#endif
+#include "core/job/config.h"
+#include "core/job/model_builder.h"
+#include "core/job/pipeline_worker.h"
+#include "core/job/ring_mode.h"
+#include "core/job/sdpipe_worker.h"
+#include "core/job/worker_detail.h"
+#include "layers/model.h"
+
+namespace pipesgd::job {
+
+using namespace detail;
+
+namespace {
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+// The GPU twin of the CPU model: the same layers (BuildCudaLayers), the same parameter layout.
+std::unique_ptr<cuda::CudaModel> BuildCudaModel(cuda::Context& ctx, const config::Model& spec,
+                                                size_t max_batch) {
+  return std::make_unique<cuda::CudaModel>(ctx, BuildCudaLayers(spec), max_batch);
+}
+
+// model.gpu_index, or the rank's local rank (LOCAL_RANK, SLURM_LOCALID, ...) for -1.
+int GpuIndex(const config::Model& spec, const JobEnv& env) {
+  return spec.gpu_index() >= 0 ? spec.gpu_index() : env.local_rank;
+}
+#endif
+}  // namespace
+
+namespace {
+
+// An AllReduce that no codec may round: counts, steps, flags.
+collective::AllReduceOptions Exact() {
+  collective::AllReduceOptions exact;
+  exact.compress = false;
+  return exact;
+}
+
+// Every rank's value of `mine` (exact below 2^24), through one AllReduce.
+std::vector<int64_t> GatherSmallInts(collective::Communicator& comm, int64_t mine,
+                                     double timeout_s) {
+  PSGD_CHECK(mine >= 0 && mine < (int64_t{1} << 24));
+  std::vector<float> all(comm.world_size(), 0.0f);
+  all[comm.rank()] = static_cast<float>(mine);
+  comm.AllReduce(all, collective::ReduceOp::kSum, Deadline::After(timeout_s), nullptr, Exact());
+  return std::vector<int64_t>(all.begin(), all.end());
+}
+
+// The checkpoint every rank resumes from: the newest step that each rank has a verified file
+// for. Every rank takes the same decision from the same gathered numbers, so all fail or none.
+checkpoint::Checkpoint AgreeOnCheckpoint(collective::Communicator& comm,
+                                         const std::filesystem::path& dir, double timeout_s) {
+  const int rank = comm.rank();
+  std::optional<checkpoint::Checkpoint> mine = train::LoadLatestCheckpoint(dir, rank);
+  if (mine && mine->steps() >= (int64_t{1} << 24) - 1) {
+    Throw(ErrorCode::kInvalidArgument, "--resume: checkpoint step {} is beyond 2^24 - 2",
+          mine->steps());
+  }
+  // 0: none; s + 1: newest verified step s.
+  const std::vector<int64_t> newest = GatherSmallInts(comm, mine ? mine->steps() + 1 : 0, timeout_s);
+  std::vector<int> without;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (newest[r] == 0) without.push_back(r);
+  }
+  if (!without.empty()) {
+    Throw(ErrorCode::kNotFound, "--resume: rank(s) {} have no valid checkpoint in {}",
+          fmt::join(without, ", "), dir.string());
+  }
+  const int64_t step = *std::min_element(newest.begin(), newest.end()) - 1;
+  if (mine->steps() != step) mine = train::LoadLatestCheckpoint(dir, rank, step);
+  const std::vector<int64_t> have = GatherSmallInts(comm, mine ? 1 : 0, timeout_s);
+  without.clear();
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (have[r] == 0) without.push_back(r);
+  }
+  if (!without.empty()) {
+    Throw(ErrorCode::kNotFound,
+          "--resume: the newest step every rank has is {}, but rank(s) {} have no valid "
+          "checkpoint of step {} in {}",
+          step, fmt::join(without, ", "), step, dir.string());
+  }
+  return *std::move(mine);
+}
+
+}  // namespace
+
+namespace {
+void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point start);
+}  // namespace
+
+void RunWorker(const WorkerArgs& args) {
+  const auto start = Clock::now();
+  const JobEnv env = ReadJobEnv();
+  try {
+    RunWorkerJob(args, env, start);
+  } catch (const Error& e) {
+    if (!env.relay) throw;
+    // Every rank names the same failed rank: rank 0 decides (transport/failure_relay.h).
+    throw transport::FailureRelay::Explain(e, env.rank, env.relay->Report(e));
+  } catch (const std::bad_alloc&) {
+    if (env.relay) env.relay->Report(Error(ErrorCode::kInternal, fmt::format("rank {}: out of memory", env.rank)));
+    throw;
+  } catch (const std::exception& e) {
+    if (!env.relay) throw;
+    const Error error(ErrorCode::kInternal, fmt::format("rank {}: unexpected failure: {}", env.rank, e.what()));
+    throw transport::FailureRelay::Explain(error, env.rank, env.relay->Report(error));
+  }
+  if (env.relay) env.relay->Goodbye();
+}
+
+namespace {
+
+void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point start) {
+  const bool lead = env.rank == 0;
+  const config::Job job = LoadJobConfig(args.config_path, args.overrides);
+  const auto& train_cfg = job.train();
+  const auto& comm_cfg = job.comm();
+  const int width = train_cfg.pipeline_width();
+  if (train_cfg.mode() == config::SDPIPE) {
+    if (job.pipeline().stages() > 1) {
+      RunPipelineWorker(args, env, job, start);  // pipeline-parallel stages
+    } else {
+      RunSdpipeWorker(args, env, job, start);
+    }
+    return;
+  }
+  if (train_cfg.mode() != config::RING) {
+    // The parameter-server baselines live in their own file.
+    RunPsWorker(args, env, job);
+    return;
+  }
+  if (lead) {
+    PSGD_LOG_INFO("pipesgd worker: world size {}, pipeline width {} ({}), comm.transport {}",
+                  env.world_size, width, width == 1 ? "synchronous SGD" : "Pipe-SGD",
+                  config::Transport_Name(comm_cfg.transport()));
+    LogEffectiveConfig(args.config_path, job);
+  }
+
+  // Data and model. Every rank loads the same files and initialises the same parameters from
+  // the seed, so no broadcast is needed.
+  std::unique_ptr<OutputDir> out = ClaimOutputDir(lead, args);
+  const auto& data_cfg = job.data();
+  const JobData sets = LoadJobData(job);
+  const data::Dataset& train_set = sets.train;
+  const data::Dataset& test_set = sets.test;
+  const size_t batch = static_cast<size_t>(train_cfg.batch_size());
+  JobModel built = BuildJobModel(job, width);
+  const std::unique_ptr<layers::Model> model = std::move(built.model);
+  std::vector<float>& params = built.params;
+  const size_t max_batch = built.max_batch;
+  train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size,
+                             train_cfg.seed(), {data_cfg.input_mean(), data_cfg.input_std()});
+  // model.device = CUDA: the same task and optimizer on the GPU (core/cuda/cuda_task.h); the
+  // CPU task above still provides the sampler's steps per epoch.
+  train::Objective* inner = &task;
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  std::unique_ptr<cuda::Context> gpu;
+  std::unique_ptr<cuda::CudaModel> gpu_model;
+  std::unique_ptr<cuda::DeviceParams> gpu_params;
+  std::unique_ptr<cuda::CudaClassifierTask> gpu_task;
+  if (job.model().device() == config::Model::CUDA) {
+    const int index = GpuIndex(job.model(), env);
+    try {
+      gpu = std::make_unique<cuda::Context>(index);
+    } catch (const Error& e) {
+      throw e.Wrap(fmt::format("rank {}: model.device = CUDA (GPU index {} from {})", env.rank,
+                               index, job.model().gpu_index() >= 0 ? "model.gpu_index"
+                                                                   : "the local rank"));
+    }
+    gpu_model = BuildCudaModel(*gpu, job.model(), max_batch);
+    gpu_params = std::make_unique<cuda::DeviceParams>(*gpu, model->num_params());
+    gpu_task = std::make_unique<cuda::CudaClassifierTask>(
+        *gpu, *gpu_model, *gpu_params, train_set, batch, max_batch, env.rank, env.world_size,
+        train_cfg.seed(), data::InputScaling{data_cfg.input_mean(), data_cfg.input_std()});
+    inner = gpu_task.get();
+    PSGD_LOG_INFO("rank {}: model on {}", env.rank, gpu->description());
+  }
+#endif
+  // Stragglers (job.straggler) sleep before some steps, for experiments; a no-op otherwise.
+  train::StragglerObjective straggler(*inner, StragglerFromConfig(job, env.world_size), env.rank);
+  train::Objective* objective = &straggler;
+  const size_t steps_per_epoch = task.steps_per_epoch();
+  CheckStepsPerEpoch(static_cast<int64_t>(steps_per_epoch), job, env.world_size, "ranks",
+                     train_set.count);
+  if (lead) {
+    PSGD_LOG_INFO("model: {}", model->Describe());
+    PSGD_LOG_INFO("data: {} training samples ({} steps per epoch of global batch {}), {} test "
+                  "samples",
+                  train_set.count, steps_per_epoch, batch * env.world_size, test_set.count);
+  }
+
+  // Network: publish our endpoint, meet the others, connect the ring.
+  const collective::CommunicatorOptions comm_options = CommunicatorOptionsFromConfig(job);
+  auto comm = ConnectRing(env, JobDescription(job), comm_options, comm_cfg,
+                          Deadline::After(comm_cfg.start_timeout_s()),
+                          fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
+  const std::string transport_name = comm->transport().name();
+  if (lead) {
+    PSGD_LOG_INFO("ring connected: {} ranks over {}", env.world_size, comm->transport().Describe());
+  }
+
+  const layers::SgdOptions sgd_options{train_cfg.learning_rate(), train_cfg.momentum(),
+                                       train_cfg.weight_decay()};
+  std::unique_ptr<train::Optimizer> optimizer;
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  if (gpu) optimizer = std::make_unique<cuda::CudaSgdOptimizer>(*gpu, *gpu_params, sgd_options);
+#endif
+  if (!optimizer) optimizer = std::make_unique<train::SgdOptimizer>(sgd_options, params.size());
+  train::Optimizer& sgd = *optimizer;
+  const std::string job_text = JobDescription(job);
+  const auto& ckpt_cfg = job.checkpoint();
+  const std::filesystem::path ckpt_dir = ckpt_cfg.dir();
+  std::optional<checkpoint::Checkpoint> resumed;
+  if (args.resume) {
+    if (ckpt_cfg.dir().empty()) {
+      Throw(ErrorCode::kInvalidArgument,
+            "--resume: checkpoint.dir is not set in the config (nothing to resume from)");
+    }
+    resumed = AgreeOnCheckpoint(*comm, ckpt_dir, comm_cfg.timeout_s());
+    train::CheckCheckpointFitsJob(*resumed, ckpt_cfg.dir(), job_text, env.world_size,
+                                  params.size());
+    std::copy(resumed->params().begin(), resumed->params().end(), params.begin());
+    sgd.LoadState({resumed->optimizer_state().data(),
+                   static_cast<size_t>(resumed->optimizer_state_size())});
+    comm->RestoreResidual({resumed->residual().data(), static_cast<size_t>(resumed->residual_size())});
+    comm->RestoreSequence(resumed->collective_sequence());
+  }
+  // Outlives the trainer, which records on it.
+  const std::unique_ptr<timeline::Recorder> recorder = TimelineRecorder(args, env);
+  comm->set_timeline(recorder.get());
+  task.set_timeline(recorder.get());
+  train::TrainerOptions trainer_options{width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()};
+  trainer_options.compensation = CompensationFromConfig(train_cfg.staleness_compensation());
+  trainer_options.sync_warmup_steps = train_cfg.sync_warmup_steps();
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  // GPU gradients stay in device slots, AllReduced staged through pinned host lanes
+  // (core/cuda/cuda_gradients.h); error feedback keeps a per-call residual that segments would
+  // reset, so with it the gradients go through host slots instead.
+  std::unique_ptr<cuda::CudaDeviceGradients> device_gradients;
+  if (gpu) {
+    if (comm_cfg.error_feedback()) {
+      PSGD_LOG_INFO("rank {}: gradients reduced in host slots (comm.error_feedback is not "
+                    "supported on device slots)", env.rank);
+    } else {
+      collective::StagingOptions staging;
+      device_gradients = std::make_unique<cuda::CudaDeviceGradients>(*gpu, *comm, width,
+                                                                     params.size() + 1, staging);
+      trainer_options.device_gradients = device_gradients.get();
+      if (lead) {
+        PSGD_LOG_INFO("gradients stay on the GPU: {} device slots, staged through {} pinned "
+                      "host lanes of {} KiB",
+                      width, staging.lanes,
+                      std::min<uint64_t>(staging.segment_bytes, (params.size() + 1) * 4) / 1024);
+      }
+    }
+  }
+#endif
+  // PowerSGD in place of the ring's codec (comm.powersgd_rank; the config checks rule out the
+  // GPU, checkpoints and the other modes).
+  std::unique_ptr<collective::PowerSgd> powersgd;
+  if (comm_cfg.powersgd_rank() > 0) {
+    std::vector<collective::PowerSgd::Matrix> matrices;
+    for (const auto& m : model->WeightMatrices()) matrices.push_back({m.offset, m.rows, m.cols});
+    collective::PowerSgdOptions po;
+    po.rank = comm_cfg.powersgd_rank();
+    po.seed = static_cast<uint64_t>(train_cfg.seed());
+    powersgd = std::make_unique<collective::PowerSgd>(*comm, params.size() + 1, matrices, po);
+    trainer_options.reducer = powersgd.get();
+    if (lead) {
+      PSGD_LOG_INFO("PowerSGD rank {}: {} of {} weight matrices travel as low-rank factors",
+                    po.rank, powersgd->compressed().size(), matrices.size());
+    }
+  }
+  train::Trainer trainer(*comm, *objective, sgd, params, trainer_options);
+  trainer.set_timeline(recorder.get());
+  if (resumed) {
+    const train::TrainerSnapshot snapshot = train::SnapshotFromCheckpoint(*resumed);
+    trainer.Restore(snapshot);
+    if (lead) {
+      PSGD_LOG_INFO("resumed from {} at step {} ({} updates applied, {} pending)",
+                    train::CheckpointPath(ckpt_dir, resumed->steps(), env.rank).string(),
+                    snapshot.steps, snapshot.applied, snapshot.pending.size());
+    }
+  }
+
+  // Every rank writes its own file (the error-feedback residual is per rank); the state is
+  // taken between steps with the in-flight AllReduces finished, and never when it holds a
+  // non-finite value.
+  int64_t saved_step = resumed ? resumed->steps() : -1;
+  auto save_checkpoint = [&] {
+    if (ckpt_cfg.dir().empty() || trainer.steps() == saved_step) return;
+    const train::TrainerSnapshot snapshot = trainer.Snapshot();
+    const std::vector<float> opt = sgd.SaveState();
+    const checkpoint::Checkpoint c = train::CaptureCheckpoint(
+        {job_text, env.rank, env.world_size, comm->sequence(), params, opt, comm->residual()},
+        snapshot);
+    train::WriteCheckpoint(ckpt_dir, c, ckpt_cfg.keep());
+    saved_step = snapshot.steps;
+    if (lead) {
+      PSGD_LOG_INFO("checkpoint: step {} written to {}", snapshot.steps,
+                    train::CheckpointPath(ckpt_dir, snapshot.steps, env.rank).string());
+    }
+  };
+
+  auto evaluate_shard = [&]() -> layers::EvalResult {
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+    if (gpu_task) return gpu_task->EvaluateShard(params, test_set, env.rank, env.world_size);
+#endif
+    return task.EvaluateShard(params, test_set, env.rank, env.world_size);
+  };
+  RingMode mode(trainer, evaluate_shard, save_checkpoint, ckpt_cfg, env.rank, comm_cfg);
+  LeadReporter reporter(lead, out.get(), /*show_wire=*/true);
+  const train::RunPlan plan =
+      PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch),
+                     static_cast<int64_t>(batch) * env.world_size);
+  if (lead && trainer.steps() >= plan.total_steps()) {
+    PSGD_LOG_INFO("nothing to train: the checkpoint is at step {} of {}", trainer.steps(),
+                  plan.total_steps());
+  }
+  train::RunOutcome outcome;
+  try {
+    outcome = train::RunLoop(mode, plan, reporter);
+  } catch (const Error& e) {
+    try {
+      trainer.Drain(false);
+    } catch (...) {
+    }
+    if (e.code() != ErrorCode::kDeadlineExceeded) throw;
+    throw WithTimeoutSetting(e, fmt::format("comm.timeout_s = {} s", comm_cfg.timeout_s()));
+  } catch (...) {
+    // Let in-flight collectives finish on every rank before the trainer goes away, so this
+    // rank's failure does not turn into a confusing connection error on its peers.
+    try {
+      trainer.Drain(false);
+    } catch (...) {
+    }
+    throw;
+  }
+
+  WriteTimeline(recorder.get(), args, env);
+
+  const double wall_s = Seconds(start);
+  if (lead) {
+    LogFinal(outcome, plan, wall_s);
+    if (out) {
+      const train::WireTotals wire = trainer.wire_totals();
+      SummaryInputs in{"RING", env.world_size, env.world_size,
+                       static_cast<int64_t>(batch) * env.world_size, plan.target_accuracy,
+                       wall_s, transport_name, wire.bytes_sent};
+      out->WriteSummary(Summary(in, outcome, job,
+                                {{"pipeline_width", width},
+                                 {"staleness_compensation",
+                                  config::StalenessCompensation_Name(
+                                      train_cfg.staleness_compensation())},
+                                 {"compressed_steps", wire.compressed_steps},
+                                 {"saturated_elements", wire.saturated}}));
+    }
+  }
+}
+
+}  // namespace
+
+}  // namespace pipesgd::job
