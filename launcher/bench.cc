@@ -17,6 +17,7 @@
 #include "core/base/log.h"
 #include "core/collective/ring_allreduce.h"
 #include "configs/pipesgd.pb.h"
+#include "core/job/config.h"
 #include "core/job/worker.h"
 
 namespace pipesgd::launcher {
@@ -71,6 +72,25 @@ uint64_t ParseBytes(const std::string& text) {
   return static_cast<uint64_t>(value * scale);
 }
 
+namespace {
+
+// The flags as the comm.* overrides they stand for, then the user's --set ones.
+std::vector<std::string> CommOverrides(const AllReduceBenchArgs& a) {
+  std::vector<std::string> sets = {
+      fmt::format("comm.chunk_bytes={}", a.chunk_bytes),
+      fmt::format("comm.streams={}", a.streams),
+      fmt::format("comm.compression={}", a.compression),
+      fmt::format("comm.transport={}", job::TransportEnumName(a.transport)),
+      fmt::format("comm.ib_port={}", a.ib_port),
+      fmt::format("comm.gid_index={}", a.gid_index)};
+  if (!a.network_interface.empty()) sets.push_back("comm.network_interface=" + a.network_interface);
+  if (!a.ib_device.empty()) sets.push_back("comm.ib_device=" + a.ib_device);
+  sets.insert(sets.end(), a.overrides.begin(), a.overrides.end());
+  return sets;
+}
+
+}  // namespace
+
 void CheckAllReduceBenchArgs(const AllReduceBenchArgs& a) {
   const auto bad = [](const std::string& what) {
     Throw(ErrorCode::kInvalidArgument, "bench allreduce: {}", what);
@@ -105,6 +125,16 @@ void CheckAllReduceBenchArgs(const AllReduceBenchArgs& a) {
   if (a.average < 0 || a.average > 3) {
     bad(fmt::format("-a {}: expected 0 (rank 0), 1 (mean), 2 (min) or 3 (max)", a.average));
   }
+  // The comm settings by the job's own rules (naming the flag's or the --set's value).
+  const config::Comm comm = job::CollectiveJobConfig(CommOverrides(a)).comm();
+  if (a.check > 0 && comm.compression() != config::Comm::none &&
+      (comm.error_feedback() || comm.stochastic_rounding())) {
+    bad(fmt::format("-c {} with comm.{}: a call's result then {}, so no per-call bound can be "
+                    "checked; use -c 0 (times only)",
+                    a.check, comm.error_feedback() ? "error_feedback" : "stochastic_rounding",
+                    comm.error_feedback() ? "carries the previous call's residual"
+                                          : "depends on the noise of its call"));
+  }
 }
 
 std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a) {
@@ -138,45 +168,44 @@ std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a
     cmd.push_back("--json");
     cmd.push_back(a.json_path);
   }
+  for (const std::string& spec : a.overrides) {
+    cmd.push_back("--set");
+    cmd.push_back(spec);
+  }
   return cmd;
 }
 
-int64_t RunAllReduceBench(const AllReduceBenchArgs& args) {
-  CheckAllReduceBenchArgs(args);
+
+int64_t RunAllReduceBench(const AllReduceBenchArgs& given) {
+  CheckAllReduceBenchArgs(given);
+  // Every comm field through the job's own rules; the values the table prints are the
+  // effective ones.
+  const config::Job job = job::CollectiveJobConfig(CommOverrides(given));
+  const config::Comm& comm_cfg = job.comm();
+  AllReduceBenchArgs args = given;
+  args.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
+  args.streams = comm_cfg.streams();
+  args.compression = config::Comm::Compression_Name(comm_cfg.compression());
   const ReduceOp op = args.op == "avg" ? ReduceOp::kAverage : ReduceOp::kSum;
   const job::JobEnv env = job::ReadJobEnv();
   const int n = env.world_size;
-  collective::CommunicatorOptions options;
-  options.chunk_bytes = args.chunk_bytes;
-  options.streams = args.streams;
-  options.codec.kind = ParseCodecKind(args.compression);
+  const collective::CommunicatorOptions options = job::CommunicatorOptionsFromConfig(job);
   const bool compressed = options.codec.kind != CodecKind::kNone;
-  config::Comm comm_cfg;
-  config::Transport kind = config::TCP;
-  std::string upper = args.transport;
-  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (!config::Transport_Parse(upper, &kind)) {
-    Throw(ErrorCode::kInvalidArgument, "--transport {}: expected tcp, ucx, ibverbs or auto",
-          args.transport);
-  }
-  comm_cfg.set_transport(kind);
-  comm_cfg.set_network_interface(args.network_interface);
-  comm_cfg.set_ib_device(args.ib_device);
-  comm_cfg.set_ib_port(args.ib_port);
-  comm_cfg.set_gid_index(args.gid_index);
-  // Machine-local settings are not part of what ranks must agree on.
+  // What the ranks must agree on: the job's comm settings less the machine-local ones, and the
+  // bench's own arguments.
   AllReduceBenchArgs shared = args;
   shared.network_interface.clear();
   shared.ib_device.clear();
   shared.ib_port = 0;
   shared.gid_index = -1;
+  shared.overrides.clear();
   auto comm = job::ConnectRing(
       env,
-      fmt::format("pipesgd " PIPESGD_VERSION " bench allreduce {}",
+      fmt::format("{}bench allreduce {}", job::JobDescription(job),
                   fmt::join(AllReduceBenchWorkerCommand(shared), " ")),
-      options, comm_cfg, Deadline::After(args.start_timeout_s),
-      fmt::format("start-up timeout {} s", args.start_timeout_s));
-  auto deadline = [&] { return Deadline::After(args.timeout_s); };
+      options, comm_cfg, Deadline::After(comm_cfg.start_timeout_s()),
+      fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
+  auto deadline = [&] { return Deadline::After(comm_cfg.timeout_s()); };
 
   const bool lead = env.rank == 0;
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;

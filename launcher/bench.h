@@ -49,8 +49,11 @@ struct AllReduceBenchArgs {
   // pass times the same in-place call uncompressed for the speedup column; -c then counts
   // elements off by more than the codec's bound (Communicator::AllReduce).
   std::string compression = "none";
-  double timeout_s = 120;
-  double start_timeout_s = 60;
+  // --set comm.PATH=VALUE, as `pipesgd run` takes them (every comm field: error feedback,
+  // timeouts, ibverbs retries, ...), applied after the flags above, which are shorthands for
+  // comm.chunk_bytes, comm.streams, comm.compression, comm.transport, comm.network_interface,
+  // comm.ib_device, comm.ib_port and comm.gid_index.
+  std::vector<std::string> overrides;
 };
 
 // "4K", "64M", "1G", "1048576" -> bytes. Throws Error kInvalidArgument naming the text.

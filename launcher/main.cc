@@ -282,6 +282,11 @@ int main(int argc, char** argv) {
   bench_ar->add_option("--gid-index", bench.gid_index, "ibverbs: GID index (-1: auto)")
       ->check(CLI::Range(-1, 255))
       ->capture_default_str();
+  bench_ar->add_option("--set", bench.overrides,
+                       "Override a comm field by its path, as pipesgd run takes it, e.g. --set "
+                       "comm.error_feedback=true or --set comm.timeout_s=30 (repeatable; after "
+                       "the flags above, which stand for comm.chunk_bytes, comm.streams, ...)")
+      ->allow_extra_args(false);
   bench_ar->add_option("--master-addr", bench_run.master_addr, "With --np: rendezvous address")
       ->capture_default_str();
   bench_ar->add_option("--master-port", bench_run.master_port,

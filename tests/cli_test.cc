@@ -710,6 +710,44 @@ TEST(Bench, CompressionColumnsAndBounds) {
   EXPECT_NE(RunCommand({kBinary, "bench", "allreduce", "--compression", "q2"}).exit_code, 0);
 }
 
+// Every comm field is settable in the bench as in a job, with the job's rules and messages;
+// --set comes after the flags that stand for comm fields.
+TEST(Bench, CommFieldsBySetAsInAJob) {
+  TempDir dir;
+  auto r = RunCommand({kBinary, "bench", "allreduce", "-np", "2", "-b", "64K", "-e", "64K", "-n",
+                       "2", "-w", "1", "--streams", "1", "--set", "comm.streams=2", "--set",
+                       "comm.chunk_bytes=16384", "--json", dir.path("rows.json")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("x 2 stream(s) per neighbour, chunk 16384 B"), std::string::npos) << r.out;
+  std::ifstream f(dir.path("rows.json"));
+  auto rows = nlohmann::json::parse(f);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].at("streams"), 2);
+  EXPECT_EQ(rows[0].at("out_of_place").at("wrong"), 0);
+
+  // Named before any rank starts.
+  r = RunCommand({kBinary, "bench", "allreduce", "-np", "2", "--set", "comm.timeout_s=0"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--set comm.timeout_s=0: comm.timeout_s = 0: expected a finite number > 0"),
+            std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("rank 0"), std::string::npos) << r.err;
+  r = RunCommand({kBinary, "bench", "allreduce", "--set", "train.epochs=2"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--set train.epochs=2: only comm.* fields apply here"), std::string::npos)
+      << r.err;
+  // Error feedback: a call carries the previous call's residual, so there is no per-call bound
+  // to check; times only.
+  r = RunCommand({kBinary, "bench", "allreduce", "--compression", "q8", "--set",
+                  "comm.error_feedback=true"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("-c 1 with comm.error_feedback"), std::string::npos) << r.err;
+  r = RunCommand({kBinary, "bench", "allreduce", "-np", "2", "-b", "64K", "-e", "64K", "-n", "2",
+                  "-w", "1", "-c", "0", "--compression", "q8", "--set",
+                  "comm.error_feedback=true"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("N/A"), std::string::npos) << r.out;
+}
+
 TEST(Cli, HelpListsSubcommands) {
   auto r = RunCommand({kBinary, "--help"});
   EXPECT_EQ(r.exit_code, 0);

@@ -29,6 +29,12 @@ config::Job LoadJobConfig(const std::string& path, const std::vector<std::string
 config::Job ParseJobConfig(const std::string& text, const std::string& path,
                            const std::vector<std::string>& overrides);
 
+// The job of a command that runs only collectives (`pipesgd bench allreduce`): the schema's
+// defaults, a placeholder model and data that nothing loads, and `overrides` ("comm.PATH=VALUE",
+// as --set takes them), checked by the same rules as a job's. Throws Error(kInvalidArgument)
+// naming the override: one outside comm, or any error ParseJobConfig would name.
+config::Job CollectiveJobConfig(const std::vector<std::string>& overrides);
+
 // The schema's spelling of a comm.transport value, matched without regard to case ("tcp" ->
 // "TCP"), for `pipesgd run --transport`; `name` unchanged when no value matches (loading the
 // config then fails listing the valid values).

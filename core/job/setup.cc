@@ -69,26 +69,6 @@ JobData LoadJobData(const config::Job& job) {
   return sets;
 }
 
-collective::CommunicatorOptions CommunicatorOptionsFromConfig(const config::Job& job) {
-  static_assert(static_cast<int>(CodecKind::kTrunc16) == config::Comm::trunc16 &&
-                static_cast<int>(CodecKind::kFp16) == config::Comm::fp16 &&
-                static_cast<int>(CodecKind::kQ8) == config::Comm::q8 &&
-                static_cast<int>(CodecKind::kQ4) == config::Comm::q4 &&
-                static_cast<int>(CodecKind::kSign1) == config::Comm::sign1 &&
-                static_cast<int>(CodecKind::kNone) == config::Comm::none);
-  const auto& comm_cfg = job.comm();
-  collective::CommunicatorOptions o;
-  o.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
-  o.streams = comm_cfg.streams();
-  o.codec.kind = static_cast<CodecKind>(comm_cfg.compression());
-  o.codec.round_to_nearest_even = comm_cfg.round_to_nearest_even();
-  o.codec.stochastic_rounding = comm_cfg.stochastic_rounding();
-  o.codec.seed = job.train().seed();
-  o.compression_min_bytes = static_cast<uint64_t>(comm_cfg.min_bytes());
-  o.error_feedback = comm_cfg.error_feedback();
-  return o;
-}
-
 ConnectedTransport TransportForEveryone(const JobEnv& env, const config::Job& job,
                                         Deadline start_deadline) {
   const auto& comm_cfg = job.comm();

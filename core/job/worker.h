@@ -61,6 +61,10 @@ struct JobEnv {
 // What every rank of a job must agree on, compared at rendezvous: the program version and the
 // effective config, except the data paths and comm.network_interface (they may differ from
 // machine to machine).
+// The communicator options of job.comm (chunking, streams, codec, error feedback), for every
+// mode and for the collectives benchmark.
+collective::CommunicatorOptions CommunicatorOptionsFromConfig(const config::Job& job);
+
 std::string JobDescription(const config::Job& job);
 
 // Creates the transport comm.transport names (AUTO: transport::ChooseAutoTransport, logged on

@@ -53,8 +53,6 @@ JobData LoadJobData(const config::Job& job);
 nlohmann::json ConfigAsJson(const config::Job& job);
 // Writes to a temporary file, then renames it over `path`. Throws Error(kIo).
 void WriteFileAtomically(const std::filesystem::path& path, const std::string& contents);
-// The communicator options of job.comm (chunking, streams, codec, error feedback), for every mode.
-collective::CommunicatorOptions CommunicatorOptionsFromConfig(const config::Job& job);
 // The transport, made for every other rank (SDPIPE groups may pair any two ranks; ibverbs needs
 // its peers up front), and every rank's address; nothing is connected yet. `start_deadline`
 // is comm.start_timeout_s from the worker's start. Throws what ConnectTransport throws.
