@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
                        "Fixed increment between sizes instead of -f (K, M, G suffixes)")
       ->excludes(factor_opt);
   bench_ar->add_option("-n,--iters", bench.iters, "Timed iterations per size")->capture_default_str();
-  bench_ar->add_option("-w,--warmup_iters", bench.warmup, "Untimed iterations per size")
+  bench_ar->add_option("-w,--warmup_iters,--warmup", bench.warmup, "Untimed iterations per size")
       ->capture_default_str();
   bench_ar->add_option("-c,--check", bench.check,
                        "Checked iterations per size: exact sums (within the codec's bound with "

@@ -1,6 +1,7 @@
 // End-to-end tests of the `pipesgd` binary: the main job's accuracy with width 1 and 2, bad input
 // failing with clear errors (never a crash or a hang), and the supervisor stopping a job when a
 // worker dies.
+// Over 600 lines: one case per command and failure a user meets, each a whole run of the binary.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>

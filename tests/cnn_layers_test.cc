@@ -2,6 +2,7 @@
 // hand-computed cases, a direct-loop reference for the convolution, finite-difference gradient
 // checks, argmax ties, dropout determinism and its identity at evaluation, and a whole CNN
 // model's gradient.
+// Over 600 lines: one block per layer, each with its hand-computed case and gradient check.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,5 +1,6 @@
 // Unit tests for layers/: exact small examples, finite-difference gradient checks, the loss, SGD
 // against hand-computed PyTorch recurrences, and seeded init.
+// Over 600 lines: one test per layer property, each with its small exact example inline.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
