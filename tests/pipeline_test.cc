@@ -13,6 +13,7 @@
 #include "core/train/classifier_task.h"
 #include "core/train/pipeline_schedule.h"
 #include "core/train/pipeline_stage.h"
+#include "core/train/pipeline_trainer.h"
 #include "layers/layer.h"
 #include "layers/model.h"
 #include "core/base/rng.h"
@@ -312,6 +313,106 @@ TEST(PipelineStage, RejectsASlotStillInFlight) {
   EXPECT_THROW(stage.Backward(0, g), Error);  // already backwarded
   EXPECT_NO_THROW(stage.InputBuffer(2));
   EXPECT_THROW(stage.Forward(2, 5, {}), Error);  // more rows than max_batch
+}
+
+// Each stage's layers and its slice of the whole model's parameters; parameterless layers
+// (relu) count in layers, not in parameters.
+TEST(StageSlices, LayersAndParameterRangesOfEachStage) {
+  const std::vector<size_t> layer_params = {10, 0, 20, 0, 5};
+  const std::vector<size_t> boundaries = {2, 4};
+  const StageSlice s0 = StageSliceOf(layer_params, boundaries, 0);
+  const StageSlice s1 = StageSliceOf(layer_params, boundaries, 1);
+  const StageSlice s2 = StageSliceOf(layer_params, boundaries, 2);
+  EXPECT_EQ(s0.first_layer, 0u);
+  EXPECT_EQ(s0.end_layer, 2u);
+  EXPECT_EQ(s0.param_offset, 0u);
+  EXPECT_EQ(s0.param_count, 10u);
+  EXPECT_EQ(s1.first_layer, 2u);
+  EXPECT_EQ(s1.end_layer, 4u);
+  EXPECT_EQ(s1.param_offset, 10u);
+  EXPECT_EQ(s1.param_count, 20u);
+  EXPECT_EQ(s2.first_layer, 4u);
+  EXPECT_EQ(s2.end_layer, 5u);
+  EXPECT_EQ(s2.param_offset, 30u);
+  EXPECT_EQ(s2.param_count, 5u);
+  const StageSlice whole = StageSliceOf(layer_params, {}, 0);
+  EXPECT_EQ(whole.end_layer, 5u);
+  EXPECT_EQ(whole.param_count, 35u);
+}
+
+// Period 3, 2 epochs of 5 steps, an evaluation every 4 steps: full synchronizations at every
+// third step and at every evaluation point; the scheduler's last request is the last step that
+// is not one of them.
+TEST(FullSync, EveryPeriodAndEveryEvaluationPoint) {
+  RunPlan plan;
+  plan.steps_per_epoch = 5;
+  plan.epochs = 2;
+  plan.eval_every_steps = 4;
+  const FullSyncPlan sync(3, plan, 3);
+  std::vector<int64_t> full;
+  for (int64_t step = 1; step <= 10; ++step) {
+    if (sync.FullSync(step)) full.push_back(step);
+  }
+  EXPECT_EQ(full, (std::vector<int64_t>{3, 4, 5, 6, 8, 9, 10}));
+  EXPECT_EQ(sync.last_request(), 7);
+
+  const GroupDecision epoch_end = sync.Decision(5);
+  EXPECT_EQ(epoch_end.kind, RoundKind::kBarrier);
+  EXPECT_TRUE(epoch_end.epoch_end);
+  EXPECT_TRUE(epoch_end.evaluate);
+  EXPECT_EQ(epoch_end.epoch, 1);
+  EXPECT_FALSE(epoch_end.stop);
+  EXPECT_EQ(epoch_end.members, (std::vector<int>{0, 1, 2}));
+  const GroupDecision periodic = sync.Decision(3);
+  EXPECT_EQ(periodic.kind, RoundKind::kConnect);
+  EXPECT_FALSE(periodic.evaluate);
+  EXPECT_FALSE(periodic.epoch_end);
+  const GroupDecision last = sync.Decision(10);
+  EXPECT_TRUE(last.stop);
+  EXPECT_TRUE(last.epoch_end);
+  EXPECT_EQ(last.epoch, 2);
+
+  // Every step a full one: no request at all.
+  EXPECT_EQ(FullSyncPlan(1, plan, 2).last_request(), 0);
+}
+
+// A pipeline's micro-batches are its Sampler batch in order, cut into `rows`; two sources of
+// the same pipeline (its first and last stage) load the same samples.
+TEST(MicroBatches, ThePipelinesSamplerBatchInOrderTheSameForEveryStage) {
+  data::Dataset d;
+  d.count = 48;
+  d.rows = 1;
+  d.cols = 2;
+  d.features = 2;
+  d.num_classes = 10;
+  for (size_t i = 0; i < d.count; ++i) {
+    d.pixels.push_back(static_cast<uint8_t>(i));
+    d.pixels.push_back(static_cast<uint8_t>(200 + i % 50));
+    d.labels.push_back(static_cast<uint8_t>(i % 10));
+  }
+  const data::InputScaling scaling{0, 1};
+  DatasetMicroBatches first(d, 8, 2, 1, 3, 7, scaling), last(d, 8, 2, 1, 3, 7, scaling);
+  data::Sampler sampler(d.count, 8, 1, 3, 7);
+  ASSERT_EQ(first.steps_per_epoch(), sampler.steps_per_epoch());
+  for (int64_t step : {0, 1, 2, 3}) {  // into the second epoch (2 steps per epoch)
+    const auto per_epoch = static_cast<int64_t>(sampler.steps_per_epoch());
+    const auto want = sampler.Batch(static_cast<int>(step / per_epoch),
+                                    static_cast<size_t>(step % per_epoch));
+    for (int mb = 0; mb < 4; ++mb) {
+      std::vector<float> x(4), y(4);
+      std::vector<uint8_t> lx(2), ly(2);
+      first.Load(step, 1, mb, x.data(), lx.data());
+      last.Load(step, 1, mb, nullptr, ly.data());  // the last stage needs only the labels
+      last.Load(step, 1, mb, y.data(), nullptr);
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t sample = want[static_cast<size_t>(mb) * 2 + r];
+        EXPECT_EQ(lx[r], d.labels[sample]) << step << " " << mb;
+        EXPECT_EQ(ly[r], d.labels[sample]) << step << " " << mb;
+        EXPECT_FLOAT_EQ(x[r * 2], static_cast<float>(sample) / 255.0f);
+      }
+      EXPECT_EQ(x, y);
+    }
+  }
 }
 
 }  // namespace

@@ -34,78 +34,22 @@ namespace {
 
 using namespace detail;
 
-// Pipeline p's share of global batch t (data::Sampler with rank p of N pipelines), cut into
-// micro-batches of `rows` consecutive samples. The first and the last stage of a pipeline build
-// the same sampler, so they see the same samples.
-class DatasetMicroBatches : public train::MicroBatchSource {
- public:
-  DatasetMicroBatches(const data::Dataset& train, size_t batch, size_t rows, int pipeline,
-                      int pipelines, uint64_t seed, const data::InputScaling& scaling)
-      : train_(train),
-        rows_(rows),
-        scaling_(scaling),
-        sampler_(train.count, batch, pipeline, pipelines, seed),
-        x_(rows * train.features),
-        labels_(rows) {}
-  size_t steps_per_epoch() const { return sampler_.steps_per_epoch(); }
-  void Load(int64_t step, int, int mb, float* x, uint8_t* labels) override {
-    const auto per_epoch = static_cast<int64_t>(sampler_.steps_per_epoch());
-    const auto indices = sampler_.Batch(static_cast<int>(step / per_epoch),
-                                        static_cast<size_t>(step % per_epoch));
-    const auto part = indices.subspan(static_cast<size_t>(mb) * rows_, rows_);
-    data::GatherBatch(train_, part, x != nullptr ? x : x_.data(),
-                      labels != nullptr ? labels : labels_.data(), scaling_);
-  }
-
- private:
-  const data::Dataset& train_;
-  size_t rows_;
-  data::InputScaling scaling_;
-  data::Sampler sampler_;
-  std::vector<float> x_;
-  std::vector<uint8_t> labels_;
-};
-
 // Groups from this stage's scheduler state (normal rounds only); all replicas at the steps
 // FullSync names (see the top of this file).
 class StageGroups : public train::GroupSource {
  public:
   StageGroups(train::GroupSchedulerClient& client, int stage, int pipelines, int period,
               const train::RunPlan& plan, double timeout_s)
-      : client_(client),
-        stage_(stage),
-        all_(pipelines),
-        period_(period),
-        plan_(plan),
-        timeout_s_(timeout_s) {
-    std::iota(all_.begin(), all_.end(), 0);
-    last_request_ = plan.total_steps();
-    while (last_request_ > 0 && FullSync(last_request_)) --last_request_;
-  }
-  // Steps (1, 2, ...) that average over every replica: every P-th, and every evaluation point
-  // (each epoch's end, every eval_every_steps, the last step).
-  bool FullSync(int64_t step) const {
-    return step % period_ == 0 || plan_.EvaluatesAfter(step);
-  }
+      : client_(client), stage_(stage), sync_(period, plan, pipelines), timeout_s_(timeout_s) {}
   train::GroupDecision Next(int64_t step) override {
-    if (!FullSync(step)) {
-      sent_last_ = step == last_request_;
-      return client_.Request(stage_, step, Deadline::After(timeout_s_), sent_last_);
-    }
-    train::GroupDecision d;
-    const bool epoch_end = plan_.EpochEndAt(step);
-    d.kind = epoch_end ? train::RoundKind::kBarrier : train::RoundKind::kConnect;
-    d.members = all_;
-    d.epoch_end = epoch_end;
-    d.evaluate = plan_.EvaluatesAfter(step);
-    d.epoch = plan_.EpochOf(step);
-    d.stop = step == plan_.total_steps();
-    return d;
+    if (sync_.FullSync(step)) return sync_.Decision(step);
+    sent_last_ = step == sync_.last_request();
+    return client_.Request(stage_, step, Deadline::After(timeout_s_), sent_last_);
   }
   // Stopped early (at the target): one last request, after `step`, so that the scheduler
   // expects this rank's connection to close. Nothing to do once the last one was sent.
   void Goodbye(int64_t step) {
-    if (!sent_last_ && last_request_ > step) {
+    if (!sent_last_ && sync_.last_request() > step) {
       client_.Request(stage_, step + 1, Deadline::After(timeout_s_), true);
       sent_last_ = true;
     }
@@ -114,11 +58,8 @@ class StageGroups : public train::GroupSource {
  private:
   train::GroupSchedulerClient& client_;
   int stage_;
-  std::vector<int> all_;
-  int period_;
-  const train::RunPlan& plan_;
+  train::FullSyncPlan sync_;
   double timeout_s_;
-  int64_t last_request_ = 0;
   bool sent_last_ = false;
 };
 
@@ -277,25 +218,18 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
   std::vector<size_t> boundaries(pl.boundaries().begin(), pl.boundaries().end());
   if (boundaries.empty()) boundaries = train::BalancedBoundaries(layer_params, M);
   train::CheckBoundaries(boundaries, layer_params.size());
-  std::vector<size_t> starts{0};
-  starts.insert(starts.end(), boundaries.begin(), boundaries.end());
-  starts.push_back(layer_params.size());
-  size_t offset = 0;
-  for (int k = 0; k < stage; ++k) {
-    for (size_t i = starts[k]; i < starts[k + 1]; ++i) offset += layer_params[i];
-  }
+  const train::StageSlice slice = train::StageSliceOf(layer_params, boundaries, stage);
+  const size_t offset = slice.param_offset;
   auto all_layers = BuildLayers(job.model());
   std::vector<std::unique_ptr<layers::Layer>> part;
-  size_t stage_params = 0;
-  for (size_t i = starts[stage]; i < starts[stage + 1]; ++i) {
-    stage_params += all_layers[i]->num_params();
+  for (size_t i = slice.first_layer; i < slice.end_layer; ++i) {
     part.push_back(std::move(all_layers[i]));
   }
-  train::PipelineStage model(std::move(part), starts[stage], stage == M - 1, rows,
+  train::PipelineStage model(std::move(part), slice.first_layer, stage == M - 1, rows,
                              train::MaxInFlight(M, stage, m),
-                             std::span<const float>(full_params).subspan(offset, stage_params));
+                             std::span<const float>(full_params).subspan(offset, slice.param_count));
 
-  DatasetMicroBatches data(train_set, batch, rows, pipeline, N, train_cfg.seed(), scaling);
+  train::DatasetMicroBatches data(train_set, batch, rows, pipeline, N, train_cfg.seed(), scaling);
   const auto steps_per_epoch = static_cast<int64_t>(data.steps_per_epoch());
   CheckStepsPerEpoch(steps_per_epoch, job, N, "pipelines", train_set.count);
   const train::RunPlan plan =
@@ -351,6 +285,8 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
   const double wall_s = Seconds(start);
   if (lead) {
     nlohmann::json stages_json = nlohmann::json::array();
+    std::vector<train::StageSlice> stage_slices;
+    for (int s = 0; s < M; ++s) stage_slices.push_back(train::StageSliceOf(layer_params, boundaries, s));
     for (int s = 0; s < M; ++s) {
       std::map<int, int64_t> sizes;
       const auto decisions = scheduler.service->decisions(s);
@@ -358,7 +294,8 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
       nlohmann::json hist = nlohmann::json::object();
       for (const auto& [size, count] : sizes) hist[std::to_string(size)] = count;
       stages_json.push_back({{"stage", s},
-                             {"layers", fmt::format("{}..{}", starts[s], starts[s + 1] - 1)},
+                             {"layers", fmt::format("{}..{}", stage_slices[s].first_layer,
+                                                    stage_slices[s].end_layer - 1)},
                              {"scheduler_rounds", decisions.size()},
                              {"scheduler_group_sizes", hist}});
     }

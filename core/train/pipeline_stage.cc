@@ -224,4 +224,18 @@ void PipelineStage::SetParams(std::span<const float> params) {
   ++version_;
 }
 
+StageSlice StageSliceOf(const std::vector<size_t>& layer_params,
+                        const std::vector<size_t>& boundaries, int stage) {
+  PSGD_CHECK(stage >= 0 && static_cast<size_t>(stage) <= boundaries.size());
+  StageSlice slice;
+  slice.first_layer = stage == 0 ? 0 : boundaries[static_cast<size_t>(stage) - 1];
+  slice.end_layer = static_cast<size_t>(stage) == boundaries.size()
+                        ? layer_params.size()
+                        : boundaries[static_cast<size_t>(stage)];
+  PSGD_CHECK(slice.first_layer <= slice.end_layer && slice.end_layer <= layer_params.size());
+  for (size_t i = 0; i < slice.first_layer; ++i) slice.param_offset += layer_params[i];
+  for (size_t i = slice.first_layer; i < slice.end_layer; ++i) slice.param_count += layer_params[i];
+  return slice;
+}
+
 }  // namespace pipesgd::train

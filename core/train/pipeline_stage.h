@@ -41,6 +41,19 @@ std::vector<size_t> BalancedBoundaries(const std::vector<size_t>& layer_params, 
 // Error(kInvalidArgument) naming the bad value and what was expected.
 void CheckBoundaries(const std::vector<size_t>& boundaries, size_t layers);
 
+// Stage `stage`'s part of a model whose layers hold `layer_params` parameters each, split at
+// `boundaries` (CheckBoundaries'd): its layers [first_layer, end_layer) and their parameters
+// [param_offset, param_offset + param_count) of the whole model's buffer, so that a split run
+// starts from the unsplit model's initial weights. REQUIRES 0 <= stage <= boundaries.size().
+struct StageSlice {
+  size_t first_layer = 0;
+  size_t end_layer = 0;
+  size_t param_offset = 0;
+  size_t param_count = 0;
+};
+StageSlice StageSliceOf(const std::vector<size_t>& layer_params,
+                        const std::vector<size_t>& boundaries, int stage);
+
 class PipelineStage {
  public:
   // `layers` = layers [first_layer, first_layer + layers.size()) of the full model, chaining

@@ -4,6 +4,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/base/check.h"
 #include "core/base/error.h"
 
 namespace pipesgd::train {
@@ -185,6 +186,51 @@ GroupDecision PipelineTrainer::Step() {
     losses_.push_back(loss);
     ++skipped_;
   }
+  return d;
+}
+
+DatasetMicroBatches::DatasetMicroBatches(const data::Dataset& train, size_t batch, size_t rows,
+                                         int pipeline, int pipelines, uint64_t seed,
+                                         const data::InputScaling& scaling)
+    : train_(train),
+      rows_(rows),
+      scaling_(scaling),
+      sampler_(train.count, batch, pipeline, pipelines, seed),
+      x_(rows * train.features),
+      labels_(rows) {
+  PSGD_CHECK(rows >= 1 && batch % rows == 0);
+}
+
+void DatasetMicroBatches::Load(int64_t step, int, int mb, float* x, uint8_t* labels) {
+  const auto per_epoch = static_cast<int64_t>(sampler_.steps_per_epoch());
+  const auto indices = sampler_.Batch(static_cast<int>(step / per_epoch),
+                                      static_cast<size_t>(step % per_epoch));
+  const auto part = indices.subspan(static_cast<size_t>(mb) * rows_, rows_);
+  data::GatherBatch(train_, part, x != nullptr ? x : x_.data(),
+                    labels != nullptr ? labels : labels_.data(), scaling_);
+}
+
+FullSyncPlan::FullSyncPlan(int period, const RunPlan& plan, int pipelines)
+    : period_(period), plan_(plan), all_(static_cast<size_t>(pipelines)) {
+  PSGD_CHECK(period >= 1 && pipelines >= 1);
+  std::iota(all_.begin(), all_.end(), 0);
+  last_request_ = plan.total_steps();
+  while (last_request_ > 0 && FullSync(last_request_)) --last_request_;
+}
+
+bool FullSyncPlan::FullSync(int64_t step) const {
+  return step % period_ == 0 || plan_.EvaluatesAfter(step);
+}
+
+GroupDecision FullSyncPlan::Decision(int64_t step) const {
+  GroupDecision d;
+  const bool epoch_end = plan_.EpochEndAt(step);
+  d.kind = epoch_end ? RoundKind::kBarrier : RoundKind::kConnect;
+  d.members = all_;
+  d.epoch_end = epoch_end;
+  d.evaluate = plan_.EvaluatesAfter(step);
+  d.epoch = plan_.EpochOf(step);
+  d.stop = step == plan_.total_steps();
   return d;
 }
 

@@ -28,9 +28,11 @@
 #include <vector>
 
 #include "core/collective/group_allreduce.h"
+#include "core/data/dataset.h"
 #include "core/train/pipeline_p2p.h"
 #include "core/train/pipeline_schedule.h"
 #include "core/train/pipeline_stage.h"
+#include "core/train/run_loop.h"
 #include "core/train/sdpipe_trainer.h"
 
 namespace pipesgd::train {
@@ -51,6 +53,49 @@ class MicroBatchSource {
   // Micro-batch `mb` of global step `step` for pipeline `pipeline`: writes rows * in floats to
   // x unless it is null, and rows labels to labels unless it is null.
   virtual void Load(int64_t step, int pipeline, int mb, float* x, uint8_t* labels) = 0;
+};
+
+// Pipeline p's share of global batch t (data::Sampler with rank p of N pipelines), cut into
+// micro-batches of `rows` consecutive samples. The first and the last stage of a pipeline build
+// the same source, so they see the same samples.
+class DatasetMicroBatches : public MicroBatchSource {
+ public:
+  // REQUIRES rows >= 1 and batch a multiple of rows; `train` outlives this source.
+  DatasetMicroBatches(const data::Dataset& train, size_t batch, size_t rows, int pipeline,
+                      int pipelines, uint64_t seed, const data::InputScaling& scaling);
+  size_t steps_per_epoch() const { return sampler_.steps_per_epoch(); }
+  void Load(int64_t step, int pipeline, int mb, float* x, uint8_t* labels) override;
+
+ private:
+  const data::Dataset& train_;
+  size_t rows_;
+  data::InputScaling scaling_;
+  data::Sampler sampler_;
+  std::vector<float> x_;
+  std::vector<uint8_t> labels_;
+};
+
+// When the stages average over all their replicas without asking the scheduler: at every
+// `period`-th step and at every evaluation point of `plan` (each epoch's end, every
+// eval_every_steps, the last step). Every rank knows these steps, so every stage of every
+// pipeline synchronizes and evaluates at the same step (core/job/pipeline_worker.cc says why).
+class FullSyncPlan {
+ public:
+  // REQUIRES period >= 1, pipelines >= 1.
+  FullSyncPlan(int period, const RunPlan& plan, int pipelines);
+  // Step 1, 2, ... averages over every replica.
+  bool FullSync(int64_t step) const;
+  // The last step that asks the scheduler (its request says it is the last); 0: none does.
+  int64_t last_request() const { return last_request_; }
+  // A full synchronization's round: every replica; an epoch's barrier at an epoch end, else a
+  // connect round; evaluate at the plan's points; stop at its last step.
+  GroupDecision Decision(int64_t step) const;
+
+ private:
+  int period_;
+  RunPlan plan_;
+  std::vector<int> all_;
+  int64_t last_request_ = 0;
 };
 
 // Every pipeline in every round: synchronous averaging of each stage over all its replicas.
