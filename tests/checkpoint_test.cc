@@ -20,6 +20,8 @@
 
 #include "core/base/error.h"
 #include "core/train/checkpoint.h"
+#include "tests/support/multiproc.h"
+#include "tests/support/ring.h"
 #include "tests/support/subprocess.h"
 
 namespace pipesgd {
@@ -293,6 +295,63 @@ INSTANTIATE_TEST_SUITE_P(Cases, Resume,
                                               param_info.param.dropout ? "_dropout" : "",
                                               c == "NONE" ? "_no_compensation" : "");
                          });
+
+// Writes rank `rank`'s checkpoints of `steps` into dir, each with params = {step}.
+void WriteSteps(const fs::path& dir, int rank, std::initializer_list<int64_t> steps) {
+  for (int64_t step : steps) {
+    train::TrainerSnapshot snapshot;
+    snapshot.steps = step;
+    const std::vector<float> params = {static_cast<float>(step)};
+    train::WriteCheckpoint(dir, train::CaptureCheckpoint({"job", rank, 3, 0, params, {}, {}},
+                                                         snapshot),
+                           5);
+  }
+}
+
+// Each rank's agreed step, or its error's code and text.
+std::vector<std::string> Agree(const fs::path& dir) {
+  auto results = testing::RunRanks(3, [&](const testing::RankContext& ctx) {
+    auto comm = testing::ConnectRing(ctx);
+    try {
+      const checkpoint::Checkpoint c = train::AgreeOnCheckpoint(*comm, dir, 30);
+      return fmt::format("step {} params {}", c.steps(), c.params(0));
+    } catch (const Error& e) {
+      return fmt::format("{}: {}", ErrorCodeName(e.code()), e.what());
+    }
+  });
+  std::vector<std::string> out;
+  for (const auto& r : results) out.push_back(r.exit_code == 0 ? r.output : r.error);
+  return out;
+}
+
+// The newest step every rank has, loaded by each rank (the ranks ahead go back to it); all
+// ranks fail together, naming the ranks that lack a checkpoint.
+TEST(AgreeOnCheckpoint, TheNewestStepEveryRankHasOrOneErrorOnEveryRank) {
+  TempDir dir;
+  const fs::path ckpt = dir.path() / "ckpt";
+  WriteSteps(ckpt, 0, {10, 20});
+  WriteSteps(ckpt, 1, {10, 20});
+  WriteSteps(ckpt, 2, {10});
+  for (const std::string& r : Agree(ckpt)) EXPECT_EQ(r, "step 10 params 10");
+
+  TempDir other;
+  const fs::path gap = other.path() / "ckpt";
+  WriteSteps(gap, 0, {10, 20});
+  WriteSteps(gap, 1, {20});
+  WriteSteps(gap, 2, {10});
+  for (const std::string& r : Agree(gap)) {
+    EXPECT_EQ(r, "not found: --resume: the newest step every rank has is 10, but rank(s) 1 have "
+                 "no valid checkpoint of step 10 in " + gap.string());
+  }
+
+  TempDir none;
+  const fs::path missing = none.path() / "ckpt";
+  WriteSteps(missing, 0, {10});
+  for (const std::string& r : Agree(missing)) {
+    EXPECT_EQ(r, "not found: --resume: rank(s) 1, 2 have no valid checkpoint in " +
+                     missing.string());
+  }
+}
 
 TEST(ResumeErrors, NoCheckpointDirOrNoCheckpointIsAClearError) {
   auto r = testing::RunCommand({kBinary, "run", "-np", "2", kConfig, "--resume"}, {}, 120);

@@ -54,57 +54,6 @@ int GpuIndex(const config::Model& spec, const JobEnv& env) {
 namespace {
 
 // An AllReduce that no codec may round: counts, steps, flags.
-collective::AllReduceOptions Exact() {
-  collective::AllReduceOptions exact;
-  exact.compress = false;
-  return exact;
-}
-
-// Every rank's value of `mine` (exact below 2^24), through one AllReduce.
-std::vector<int64_t> GatherSmallInts(collective::Communicator& comm, int64_t mine,
-                                     double timeout_s) {
-  PSGD_CHECK(mine >= 0 && mine < (int64_t{1} << 24));
-  std::vector<float> all(comm.world_size(), 0.0f);
-  all[comm.rank()] = static_cast<float>(mine);
-  comm.AllReduce(all, collective::ReduceOp::kSum, Deadline::After(timeout_s), nullptr, Exact());
-  return std::vector<int64_t>(all.begin(), all.end());
-}
-
-// The checkpoint every rank resumes from: the newest step that each rank has a verified file
-// for. Every rank takes the same decision from the same gathered numbers, so all fail or none.
-checkpoint::Checkpoint AgreeOnCheckpoint(collective::Communicator& comm,
-                                         const std::filesystem::path& dir, double timeout_s) {
-  const int rank = comm.rank();
-  std::optional<checkpoint::Checkpoint> mine = train::LoadLatestCheckpoint(dir, rank);
-  if (mine && mine->steps() >= (int64_t{1} << 24) - 1) {
-    Throw(ErrorCode::kInvalidArgument, "--resume: checkpoint step {} is beyond 2^24 - 2",
-          mine->steps());
-  }
-  // 0: none; s + 1: newest verified step s.
-  const std::vector<int64_t> newest = GatherSmallInts(comm, mine ? mine->steps() + 1 : 0, timeout_s);
-  std::vector<int> without;
-  for (int r = 0; r < comm.world_size(); ++r) {
-    if (newest[r] == 0) without.push_back(r);
-  }
-  if (!without.empty()) {
-    Throw(ErrorCode::kNotFound, "--resume: rank(s) {} have no valid checkpoint in {}",
-          fmt::join(without, ", "), dir.string());
-  }
-  const int64_t step = *std::min_element(newest.begin(), newest.end()) - 1;
-  if (mine->steps() != step) mine = train::LoadLatestCheckpoint(dir, rank, step);
-  const std::vector<int64_t> have = GatherSmallInts(comm, mine ? 1 : 0, timeout_s);
-  without.clear();
-  for (int r = 0; r < comm.world_size(); ++r) {
-    if (have[r] == 0) without.push_back(r);
-  }
-  if (!without.empty()) {
-    Throw(ErrorCode::kNotFound,
-          "--resume: the newest step every rank has is {}, but rank(s) {} have no valid "
-          "checkpoint of step {} in {}",
-          step, fmt::join(without, ", "), step, dir.string());
-  }
-  return *std::move(mine);
-}
 
 }  // namespace
 
@@ -240,7 +189,7 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
       Throw(ErrorCode::kInvalidArgument,
             "--resume: checkpoint.dir is not set in the config (nothing to resume from)");
     }
-    resumed = AgreeOnCheckpoint(*comm, ckpt_dir, comm_cfg.timeout_s());
+    resumed = train::AgreeOnCheckpoint(*comm, ckpt_dir, comm_cfg.timeout_s());
     train::CheckCheckpointFitsJob(*resumed, ckpt_cfg.dir(), job_text, env.world_size,
                                   params.size());
     std::copy(resumed->params().begin(), resumed->params().end(), params.begin());

@@ -9,8 +9,13 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/base/check.h"
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "transport/rendezvous.h"
@@ -263,6 +268,60 @@ void CheckCheckpointFitsJob(const checkpoint::Checkpoint& c, const std::string& 
           "and {}",
           c.steps(), c.world_size(), c.params_size(), world_size, num_params);
   }
+}
+
+namespace {
+
+collective::AllReduceOptions Exact() {
+  collective::AllReduceOptions exact;
+  exact.compress = false;
+  return exact;
+}
+
+// Every rank's value of `mine` (exact below 2^24), through one AllReduce.
+std::vector<int64_t> GatherSmallInts(collective::Communicator& comm, int64_t mine,
+                                     double timeout_s) {
+  PSGD_CHECK(mine >= 0 && mine < (int64_t{1} << 24));
+  std::vector<float> all(comm.world_size(), 0.0f);
+  all[comm.rank()] = static_cast<float>(mine);
+  comm.AllReduce(all, collective::ReduceOp::kSum, Deadline::After(timeout_s), nullptr, Exact());
+  return std::vector<int64_t>(all.begin(), all.end());
+}
+
+}  // namespace
+
+checkpoint::Checkpoint AgreeOnCheckpoint(collective::Communicator& comm,
+                                         const std::filesystem::path& dir, double timeout_s) {
+  const int rank = comm.rank();
+  std::optional<checkpoint::Checkpoint> mine = LoadLatestCheckpoint(dir, rank);
+  if (mine && mine->steps() >= (int64_t{1} << 24) - 1) {
+    Throw(ErrorCode::kInvalidArgument, "--resume: checkpoint step {} is beyond 2^24 - 2",
+          mine->steps());
+  }
+  // 0: none; s + 1: newest verified step s.
+  const std::vector<int64_t> newest = GatherSmallInts(comm, mine ? mine->steps() + 1 : 0, timeout_s);
+  std::vector<int> without;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (newest[r] == 0) without.push_back(r);
+  }
+  if (!without.empty()) {
+    Throw(ErrorCode::kNotFound, "--resume: rank(s) {} have no valid checkpoint in {}",
+          fmt::join(without, ", "), dir.string());
+  }
+  const int64_t step = *std::min_element(newest.begin(), newest.end()) - 1;
+  if (mine->steps() != step) mine = LoadLatestCheckpoint(dir, rank, step);
+  const std::vector<int64_t> have = GatherSmallInts(comm, mine ? 1 : 0, timeout_s);
+  without.clear();
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (have[r] == 0) without.push_back(r);
+  }
+  if (!without.empty()) {
+    Throw(ErrorCode::kNotFound,
+          "--resume: the newest step every rank has is {}, but rank(s) {} have no valid "
+          "checkpoint of step {} in {}",
+          step, fmt::join(without, ", "), step, dir.string());
+  }
+  return *std::move(mine);
 }
 
 }  // namespace pipesgd::train

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "core/checkpoint.pb.h"  // generated from core/train/checkpoint.proto
+#include "core/collective/ring_allreduce.h"
 #include "core/train/trainer.h"
 
 namespace pipesgd::train {
@@ -67,5 +68,13 @@ TrainerSnapshot SnapshotFromCheckpoint(const checkpoint::Checkpoint& c);
 // parameter count differ from this job's.
 void CheckCheckpointFitsJob(const checkpoint::Checkpoint& c, const std::string& dir,
                             const std::string& job, int world_size, size_t num_params);
+
+// The checkpoint every rank of `comm` resumes from: the newest step that each rank has a
+// verified file for in `dir` (this rank's, loaded). Every rank takes the same decision from the
+// same gathered numbers (two exact AllReduces), so all fail or none. Throws Error kNotFound
+// naming the ranks without a checkpoint, or without one of the agreed step; kInvalidArgument
+// for a step beyond 2^24 - 2 (what one float carries exactly).
+checkpoint::Checkpoint AgreeOnCheckpoint(collective::Communicator& comm,
+                                         const std::filesystem::path& dir, double timeout_s);
 
 }  // namespace pipesgd::train
