@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
       "run",
       "Start the ranks of a job and supervise them: N local workers (-np N), or ranks on other "
       "machines over ssh (-H host:slots,... or --hostfile FILE)");
-  run_cmd->add_option("-n,--np", run.num_processes,
+  // -np (or --np) counts ranks in every subcommand; -n is bench's iterations, as in nccl-tests.
+  run_cmd->add_option("--np", run.num_processes,
                       "Number of ranks (with -H/--hostfile: default all slots; at most that)")
       ->check(CLI::Range(1, 1024));
   run_cmd->add_option("config", run.config_path,
@@ -304,7 +305,7 @@ int main(int argc, char** argv) {
       ->required()->check(CLI::ExistingFile);
   probe_cmd->add_option("--set", probe.overrides, kSetHelp)->allow_extra_args(false);
   probe_cmd->add_option("--json", probe.json_path, "Rank 0 writes the results here (for pipesgd model --probe)");
-  probe_cmd->add_option("-n,--np", probe_np, "Start this many local ranks")->check(CLI::Range(1, 1024));
+  probe_cmd->add_option("--np", probe_np, "Start this many local ranks")->check(CLI::Range(1, 1024));
   probe_cmd->add_option("--pings", probe.pings, "Ping-pong round trips timed")
       ->capture_default_str()->check(CLI::Range(1, 1000000));
   probe_cmd->add_option("--compute-steps", probe.compute_steps, "Forward + backward steps timed")

@@ -749,6 +749,20 @@ TEST(Bench, CommFieldsBySetAsInAJob) {
   EXPECT_NE(r.out.find("N/A"), std::string::npos) << r.out;
 }
 
+// One meaning per flag across subcommands: -np counts ranks everywhere, -n is only bench's
+// iterations (as in nccl-tests).
+TEST(Cli, NpCountsRanksEverywhereAndNIsOnlyBenchIterations) {
+  auto r = RunCommand({kBinary, "run", "-n", "2", kConfig});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("not expected"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("-n"), std::string::npos) << r.err;
+  EXPECT_EQ(RunCommand({kBinary, "probe", "-n", "2", kConfig}).exit_code, 2);
+  r = RunCommand({kBinary, "bench", "allreduce", "-np", "2", "-b", "4K", "-e", "4K", "-n",
+                       "3", "-w", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("iters: 3"), std::string::npos) << r.out;
+}
+
 TEST(Cli, HelpListsSubcommands) {
   auto r = RunCommand({kBinary, "--help"});
   EXPECT_EQ(r.exit_code, 0);
