@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       "machines over ssh (-H host:slots,... or --hostfile FILE)");
   // -np (or --np) counts ranks in every subcommand; -n is bench's iterations, as in nccl-tests.
   run_cmd->add_option("--np", run.num_processes,
-                      "Number of ranks (with -H/--hostfile: default all slots; at most that)")
+                      "Number of ranks, also -np (with -H/--hostfile: default all slots; at most that)")
       ->check(CLI::Range(1, 1024));
   run_cmd->add_option("config", run.config_path,
                       "Job config (protobuf text format), or a program to start on every rank "
@@ -213,10 +213,10 @@ int main(int argc, char** argv) {
   bench_cmd->require_subcommand(1);
   auto* bench_ar = bench_cmd->add_subcommand(
       "allreduce",
-      "AllReduce bandwidth in the nccl-tests convention (size, count, type, redop, time, algbw, "
-      "busbw, #wrong; out-of-place and in-place). With --np N starts N local ranks; without, "
+      "AllReduce bandwidth in the nccl-tests convention (size, count, type, redop, root, time, "
+      "algbw, busbw, #wrong; out-of-place and in-place). With -np N starts N local ranks; without, "
       "runs one rank placed by its launcher (RANK/WORLD_SIZE/MASTER_*, srun, mpirun)");
-  bench_ar->add_option("--np", bench_np, "Start this many local ranks")->check(CLI::Range(1, 1024));
+  bench_ar->add_option("--np", bench_np, "Start this many local ranks (also -np)")->check(CLI::Range(1, 1024));
   bench_ar->add_option("-b,--minbytes", min_bytes, "Smallest size in bytes (K, M, G suffixes)")
       ->capture_default_str();
   bench_ar->add_option("-e,--maxbytes", max_bytes, "Largest size in bytes")->capture_default_str();
@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
       ->required()->check(CLI::ExistingFile);
   probe_cmd->add_option("--set", probe.overrides, kSetHelp)->allow_extra_args(false);
   probe_cmd->add_option("--json", probe.json_path, "Rank 0 writes the results here (for pipesgd model --probe)");
-  probe_cmd->add_option("--np", probe_np, "Start this many local ranks")->check(CLI::Range(1, 1024));
+  probe_cmd->add_option("--np", probe_np, "Start this many local ranks (also -np)")->check(CLI::Range(1, 1024));
   probe_cmd->add_option("--pings", probe.pings, "Ping-pong round trips timed")
       ->capture_default_str()->check(CLI::Range(1, 1000000));
   probe_cmd->add_option("--compute-steps", probe.compute_steps, "Forward + backward steps timed")
