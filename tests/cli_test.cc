@@ -826,7 +826,16 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
                  "([0-9.]+) ms and ([0-9.]+) ms")))
       << r.out;
   EXPECT_EQ(m4[1], m4[4]) << m4[0];
-  EXPECT_EQ(m4[3], m4[6]) << m4[0];
+  if (j["bandwidth_fitted"].get<bool>()) {
+    EXPECT_EQ(m4[3], m4[6]) << m4[0];
+  } else {
+    // A loaded machine (a sanitizer build, say) can time the large AllReduce below the model's
+    // floor at the measured latency and reduction cost: then the probe says so, keeps the
+    // exchange's bandwidth, and the model is above the measured time, never below.
+    EXPECT_NE(r.out.find("# bandwidth not fitted: no B gives"), std::string::npos) << r.out;
+    EXPECT_EQ(j["bandwidth_Bps"].get<double>(), j["ring_exchange_bandwidth_Bps"].get<double>());
+    EXPECT_GE(std::stod(m4[6]), std::stod(m4[3])) << m4[0];
+  }
   const double gamma = j["contention"].get<double>();
   const double mid = std::stod(m4[2]), model_mid = std::stod(m4[5]);
   if (gamma == 1) {

@@ -102,6 +102,12 @@ TEST(TimingModel, FitRingRecoversBandwidthOverheadAndContention) {
   EXPECT_NEAR(fit.bandwidth_Bps / 2e8, 1.0, 1e-6);
   EXPECT_NEAR(fit.chunk_overhead_s, 30e-6, 1e-9);
   EXPECT_NEAR(fit.contention, 0.6, 1e-6);
+  EXPECT_TRUE(fit.bandwidth_fitted);
+  // A large AllReduce timed below the latency and reduction floor: B stays the guess and the
+  // fit says it could not place it.
+  const RingFit floor = FitRing(guess, small, mid, {16 << 20, 1e-9});
+  EXPECT_FALSE(floor.bandwidth_fitted);
+  EXPECT_EQ(floor.bandwidth_Bps, 5e7);
   // Contention adds the shorter term: at gamma = 1 the link and the CPU are serial.
   TimingInputs serial = truth;
   serial.contention = 1;

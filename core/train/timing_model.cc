@@ -70,12 +70,13 @@ double FitContention(const TimingInputs& in, double chunk_bytes, double measured
 RingFit FitRing(const TimingInputs& in, TimedAllReduce small, TimedAllReduce mid,
                 TimedAllReduce large) {
   TimingInputs t = in;
+  bool fitted = false;
   // Coordinate-wise: converges linearly; microseconds per round.
   for (int round = 0; round < 2000; ++round) {
     const TimingInputs before = t;
-    if (const double b = FitBandwidth(t, large.chunk_bytes, large.seconds); b > 0) {
-      t.bandwidth_Bps = b;
-    }
+    const double b = FitBandwidth(t, large.chunk_bytes, large.seconds);
+    fitted = b > 0;
+    if (fitted) t.bandwidth_Bps = b;
     t.chunk_overhead_s = FitChunkOverhead(t, small.chunk_bytes, small.seconds);
     t.contention = FitContention(t, mid.chunk_bytes, mid.seconds);
     if (std::abs(t.bandwidth_Bps - before.bandwidth_Bps) <= 1e-13 * t.bandwidth_Bps &&
@@ -84,7 +85,7 @@ RingFit FitRing(const TimingInputs& in, TimedAllReduce small, TimedAllReduce mid
       break;
     }
   }
-  return {t.bandwidth_Bps, t.chunk_overhead_s, t.contention};
+  return {t.bandwidth_Bps, t.chunk_overhead_s, t.contention, fitted};
 }
 
 double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {

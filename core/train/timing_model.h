@@ -108,11 +108,13 @@ double FitContention(const TimingInputs& in, double chunk_bytes, double measured
 // B, o and gamma together from three timed AllReduces of the model, with few chunks (large),
 // many (small) and some (mid): B from the first, o from the second, gamma from the third, each
 // at the others' latest values, for a few rounds (each depends a little on the others). Where B
-// cannot be fitted, in.bandwidth_Bps stays.
+// cannot be fitted (the large time lies below what the latency and the reduction alone take,
+// or above what 1 kB/s would give), in.bandwidth_Bps stays and bandwidth_fitted is false.
 struct RingFit {
   double bandwidth_Bps = 0;
   double chunk_overhead_s = 0;
   double contention = 0;
+  bool bandwidth_fitted = false;
 };
 struct TimedAllReduce {
   double chunk_bytes = 0;
