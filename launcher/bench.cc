@@ -91,7 +91,7 @@ std::vector<std::string> CommOverrides(const AllReduceBenchArgs& a) {
 
 }  // namespace
 
-void CheckAllReduceBenchArgs(const AllReduceBenchArgs& a) {
+config::Job CheckAllReduceBenchArgs(const AllReduceBenchArgs& a) {
   const auto bad = [](const std::string& what) {
     Throw(ErrorCode::kInvalidArgument, "bench allreduce: {}", what);
   };
@@ -126,7 +126,8 @@ void CheckAllReduceBenchArgs(const AllReduceBenchArgs& a) {
     bad(fmt::format("-a {}: expected 0 (rank 0), 1 (mean), 2 (min) or 3 (max)", a.average));
   }
   // The comm settings by the job's own rules (naming the flag's or the --set's value).
-  const config::Comm comm = job::CollectiveJobConfig(CommOverrides(a)).comm();
+  config::Job job = job::CollectiveJobConfig(CommOverrides(a));
+  const config::Comm& comm = job.comm();
   if (a.check > 0 && comm.compression() != config::Comm::none &&
       (comm.error_feedback() || comm.stochastic_rounding())) {
     bad(fmt::format("-c {} with comm.{}: a call's result then {}, so no per-call bound can be "
@@ -135,6 +136,7 @@ void CheckAllReduceBenchArgs(const AllReduceBenchArgs& a) {
                     comm.error_feedback() ? "carries the previous call's residual"
                                           : "depends on the noise of its call"));
   }
+  return job;
 }
 
 std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a) {
@@ -177,10 +179,9 @@ std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a
 
 
 int64_t RunAllReduceBench(const AllReduceBenchArgs& given) {
-  CheckAllReduceBenchArgs(given);
   // Every comm field through the job's own rules; the values the table prints are the
   // effective ones.
-  const config::Job job = job::CollectiveJobConfig(CommOverrides(given));
+  const config::Job job = CheckAllReduceBenchArgs(given);
   const config::Comm& comm_cfg = job.comm();
   AllReduceBenchArgs args = given;
   args.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());

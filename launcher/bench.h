@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "configs/pipesgd.pb.h"
+
 namespace pipesgd::launcher {
 
 // Flags as all_reduce_perf's where both have them (-b -e -f -i -g -n -w -c -d -o -a).
@@ -60,8 +62,9 @@ struct AllReduceBenchArgs {
 uint64_t ParseBytes(const std::string& text);
 
 // Throws Error kInvalidArgument naming the flag and its value for arguments no rank could run
-// (-b > -e, -f <= 1, -g 8, -d half, ...): called before any rank starts.
-void CheckAllReduceBenchArgs(const AllReduceBenchArgs& args);
+// (-b > -e, -f <= 1, -g 8, -d half, ...): called before any rank starts. Returns the comm
+// settings as a job (job::CollectiveJobConfig of the flags and --set).
+config::Job CheckAllReduceBenchArgs(const AllReduceBenchArgs& args);
 
 // Runs one rank (its place from the launcher's environment, transport/launch_env.h); rank 0
 // prints the table in all_reduce_perf's layout (its 13 columns first, then ours), ending with
