@@ -128,6 +128,10 @@ config::Job CheckAllReduceBenchArgs(const AllReduceBenchArgs& a) {
   // The comm settings by the job's own rules (naming the flag's or the --set's value).
   config::Job job = job::CollectiveJobConfig(CommOverrides(a));
   const config::Comm& comm = job.comm();
+  if (comm.streams() == 0) {
+    bad("comm.streams = 0 (auto): jobs time their streams at start; the bench times the value "
+        "given, expected one in [1, 16]");
+  }
   if (a.check > 0 && comm.compression() != config::Comm::none &&
       (comm.error_feedback() || comm.stochastic_rounding())) {
     bad(fmt::format("-c {} with comm.{}: a call's result then {}, so no per-call bound can be "

@@ -35,8 +35,9 @@ if [[ "$WHICH" == tsan || "$WHICH" == all ]]; then
   UCX_MEM_MMAP_HOOK_MODE=none cmake --build build-tsan --parallel "$jobs" --target trainer_test staleness_test \
     ring_allreduce_test ring_compression_test failure_test transport_conformance_test \
     ps_trainer_test timeline_test staged_allreduce_test sdpipe_test device_slots_test api_test \
-    pipeline_p2p_test pipeline_trainer_test powersgd_test failure_relay_test rendezvous_test
+    pipeline_p2p_test pipeline_trainer_test powersgd_test failure_relay_test rendezvous_test \
+    autotune_test
   UCX_MEM_MMAP_HOOK_MODE=none TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir build-tsan -LE rdma --output-on-failure -j "$jobs" \
-    -R "StaleRecurrence|Divergence|DataParallel|StalenessCompensation|StalenessStability|SyncWarmup|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall|Conformance|PsSync|PsAsync|TimelineTraining|StagedAllReduce|SdpipeService|GroupAveraging|SdpipeTrainer|DeviceSlots|ApiTrainer|PipelineP2p|PipelineTrainer|PowerSgd|FailureRelay|Rendezvous\."
+    -R "StaleRecurrence|Divergence|DataParallel|StalenessCompensation|StalenessStability|SyncWarmup|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall|Conformance|PsSync|PsAsync|TimelineTraining|StagedAllReduce|SdpipeService|GroupAveraging|SdpipeTrainer|DeviceSlots|ApiTrainer|PipelineP2p|PipelineTrainer|PowerSgd|FailureRelay|Rendezvous\.|AutoTune"
 fi

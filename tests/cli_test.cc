@@ -259,17 +259,17 @@ TEST(BadInput, UnknownConfigField) {
   ExpectError(Worker({}, config), {config + ":3:3", "pipeline_widht"});
 }
 
-TEST(BadInput, WidthZero) {
+TEST(BadInput, WidthOutOfRange) {
   TempDir dir;
   auto config = dir.File("job.pbtxt", "model { layers { linear { out_features: 10 } } }\n"
-                                      "train {\n  pipeline_width: 0\n}\n");
+                                      "train {\n  pipeline_width: 17\n}\n");
   ExpectError(Worker({}, config), {config + ":3:", "pipeline_width", "[1, 16]"});
 }
 
-TEST(BadInput, WidthZeroOnTheCommandLineOfRun) {
+TEST(BadInput, WidthOutOfRangeOnTheCommandLineOfRun) {
   // The launcher checks the config before starting any worker: one clear error, no [rank] noise.
-  auto r = RunCommand({kBinary, "run", "-np", "4", kConfig, "--set", "train.pipeline_width=0"});
-  ExpectError(r, {"--set train.pipeline_width=0", "[1, 16]"});
+  auto r = RunCommand({kBinary, "run", "-np", "4", kConfig, "--set", "train.pipeline_width=17"});
+  ExpectError(r, {"--set train.pipeline_width=17", "0 (auto) or an integer in [1, 16]"});
   EXPECT_EQ(r.out.find("[rank"), std::string::npos) << r.out;
 }
 

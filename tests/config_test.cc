@@ -236,12 +236,12 @@ TEST_F(ConfigTest, PipelineWidthZeroNamesFileLineColumnAndField) {
   std::string path = Write(std::string(kModel) +
                            "train {\n"
                            "  batch_size: 8\n"
-                           "  pipeline_width: 0\n"
+                           "  pipeline_width: -2\n"
                            "}\n");
   Error e = LoadError(path);
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-  EXPECT_STREQ(e.what(),
-               (path + ":4:3: train.pipeline_width = 0: expected an integer in [1, 16]").c_str());
+  EXPECT_STREQ(e.what(), (path + ":4:3: train.pipeline_width = -2: expected 0 (auto) or an "
+                                 "integer in [1, 16]").c_str());
 }
 
 TEST_F(ConfigTest, BatchSizeZero) {
@@ -279,6 +279,9 @@ TEST_F(ConfigTest, CompressionSettings) {
             config::Comm::trunc16);
   EXPECT_EQ(LoadJobConfig(Write(kModel), {}).comm().compression(), config::Comm::none);
   EXPECT_EQ(LoadJobConfig(Write(kModel), {"comm.chunk_bytes=auto"}).comm().chunk_bytes(), 0);
+  EXPECT_EQ(LoadJobConfig(Write(kModel), {"comm.streams=auto"}).comm().streams(), 0);
+  EXPECT_EQ(LoadJobConfig(Write(kModel), {"train.pipeline_width=auto"}).train().pipeline_width(),
+            0);
   // A rounding option the codec does not use is reported at its line and column.
   EXPECT_THAT(InvalidMessage(std::string(kModel) +
                              "comm { compression: fp16\n round_to_nearest_even: true }\n"),
@@ -476,7 +479,7 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"train.momentum=nan", false}, RangeCase{"train.weight_decay=0.5", true},
         RangeCase{"train.weight_decay=-1e-4", false}, RangeCase{"train.weight_decay=inf", false},
         RangeCase{"train.epochs=1", true}, RangeCase{"train.epochs=0", false},
-        RangeCase{"train.pipeline_width=1", true}, RangeCase{"train.pipeline_width=16", true},
+        RangeCase{"train.pipeline_width=1", true}, RangeCase{"train.pipeline_width=0", true}, RangeCase{"train.pipeline_width=-1", false}, RangeCase{"train.pipeline_width=16", true},
         RangeCase{"train.pipeline_width=17", false}, RangeCase{"train.max_steps=0", true},
         RangeCase{"train.max_steps=-1", false}, RangeCase{"train.progress_per_epoch=0", true},
         RangeCase{"train.progress_per_epoch=1000", true},
@@ -485,7 +488,7 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"train.seed=18446744073709551615", true},
         RangeCase{"data.train_limit=100", true}, RangeCase{"data.train_limit=-1", false},
         RangeCase{"data.test_limit=-1", false}, RangeCase{"data.train_images=", false},
-        RangeCase{"data.test_labels=\"\"", false}, RangeCase{"comm.chunk_bytes=1024", true}, RangeCase{"comm.streams=0", false}, RangeCase{"comm.streams=16", true}, RangeCase{"comm.streams=17", false}, RangeCase{"comm.chunk_bytes=1020", false}, RangeCase{"comm.chunk_bytes=4", false},
+        RangeCase{"data.test_labels=\"\"", false}, RangeCase{"comm.chunk_bytes=1024", true}, RangeCase{"comm.streams=0", true}, RangeCase{"comm.streams=-1", false}, RangeCase{"comm.streams=16", true}, RangeCase{"comm.streams=17", false}, RangeCase{"comm.chunk_bytes=1020", false}, RangeCase{"comm.chunk_bytes=4", false},
         RangeCase{"comm.chunk_bytes=1073741824", true}, RangeCase{"comm.chunk_bytes=0", true}, RangeCase{"checkpoint.keep=0", false}, RangeCase{"checkpoint.keep=1", true}, RangeCase{"checkpoint.every_steps=-1", false}, RangeCase{"checkpoint.every_epochs=2", true}, RangeCase{"comm.chunk_bytes=auto", true}, RangeCase{"comm.chunk_bytes=-4", false},
         RangeCase{"comm.chunk_bytes=6", false}, RangeCase{"comm.chunk_bytes=1073741828", false},
         RangeCase{"comm.start_timeout_s=0.5", true}, RangeCase{"comm.start_timeout_s=0", false},
@@ -625,11 +628,11 @@ TEST_F(ConfigTest, OverrideWithUnknownFieldListsTheFields) {
 }
 
 TEST_F(ConfigTest, OverrideOutOfRangeNamesTheOverride) {
-  Error e = LoadError(kShipped, {"train.pipeline_width=0"});
+  Error e = LoadError(kShipped, {"train.pipeline_width=17"});
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_STREQ(e.what(),
-               "--set train.pipeline_width=0: train.pipeline_width = 0: expected an integer in "
-               "[1, 16]");
+               "--set train.pipeline_width=17: train.pipeline_width = 17: expected 0 (auto) or an "
+               "integer in [1, 16]");
   // A message-valued override is named for the fields inside it.
   EXPECT_STREQ(LoadError(kShipped, {"train={batch_size: 0}"}).what(),
                "--set train={batch_size: 0}: train.batch_size = 0: expected an integer >= 1");
@@ -754,6 +757,22 @@ TEST_F(ConfigTest, PowerSgdNeedsTheCpuRingWithoutACodecOrCheckpoints) {
   EXPECT_THAT(InvalidMessage(std::string(kModel) +
                              "comm { powersgd_rank: 2 }\ncheckpoint { dir: \"/tmp/x\" }\n"),
               HasSubstr("not implemented with checkpoints"));
+}
+
+// The auto width runs trial steps on scratch host parameters and optimizer state: where the
+// job has others (the GPU's, PowerSGD's), it is refused by name.
+TEST_F(ConfigTest, AutoWidthNeedsTheCpuRingWithoutPowerSgd) {
+  EXPECT_THAT(InvalidMessage(std::string(kModel) + "train { pipeline_width: 0 }\n"
+                                                   "comm { powersgd_rank: 2 }\n"),
+              HasSubstr("train.pipeline_width = 0 (auto): not implemented with "
+                        "comm.powersgd_rank = 2"));
+  // The other modes do not use the width.
+  EXPECT_NO_THROW(LoadJobConfig(kShipped, {"train.pipeline_width=auto", "train.mode=PS_SYNC"}));
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  EXPECT_THAT(LoadError(kShipped, {"train.pipeline_width=auto", "model.device=CUDA"}).what(),
+              HasSubstr("train.pipeline_width = 0 (auto): not implemented with model.device = "
+                        "CUDA"));
+#endif
 }
 
 TEST_F(ConfigTest, CompensationEvaluationAndTarget) {

@@ -136,6 +136,22 @@ std::unique_ptr<Communicator> Communicator::CreateOnConnections(
   return comm;
 }
 
+void Communicator::Retune(uint64_t chunk_bytes, int streams) {
+  if (chunk_bytes % sizeof(float) != 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "chunk_bytes = {}: expected a positive multiple of 4, or 0 (auto)", chunk_bytes);
+  }
+  const int in_use = left_.empty() ? 1 : static_cast<int>(left_.size());
+  PSGD_CHECK_GE(streams, 1);
+  PSGD_CHECK_LE(streams, in_use);
+  options_.chunk_bytes = chunk_bytes;
+  options_.streams = streams;
+  if (!left_.empty()) {
+    left_.resize(static_cast<size_t>(streams));
+    right_.resize(static_cast<size_t>(streams));
+  }
+}
+
 Communicator::~Communicator() {
   // Regions and connections reference the transport: drop them first.
   scratch_region_.reset();

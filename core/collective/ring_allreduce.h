@@ -195,6 +195,17 @@ class Communicator {
   int world_size() const { return world_size_; }
   const CommunicatorOptions& options() const { return options_; }
   transport::Transport& transport() { return *transport_; }
+  // What CreateOnConnections needs to build another ring on this one's connections (another
+  // chunk size, fewer streams: the start-up tuning of core/train/autotune.h). One connection
+  // per stream in use; empty for a single rank.
+  std::shared_ptr<transport::Transport> shared_transport() const { return transport_; }
+  const std::vector<transport::Connection*>& left_connections() const { return left_; }
+  const std::vector<transport::Connection*>& right_connections() const { return right_; }
+  // From the next collective on: chunks of `chunk_bytes` (or kAutoChunkBytes) on the first
+  // `streams` connections of each neighbour; the others stay open and idle. Every rank must make
+  // the same call between the same two collectives. REQUIRES: 1 <= streams <= the streams in use
+  // (1 for a single rank). Throws Error(kInvalidArgument) for a chunk size not a multiple of 4.
+  void Retune(uint64_t chunk_bytes, int streams);
 
   // Reduces `data` in place across all ranks (sum, or sum / world_size). Every rank must call
   // AllReduce in the same order with the same element count, op and options. Uncompressed,

@@ -107,9 +107,19 @@ void SetLeaf(const std::string& where, Message* message, const FieldDescriptor* 
     return;
   }
 
-  if (value == "auto" && field->containing_type() == config::Comm::descriptor() &&
-      field->number() == config::Comm::kChunkBytesFieldNumber) {
-    reflection->SetInt64(message, field, 0);  // the schema's spelling of auto
+  // The schema spells auto 0 in these fields.
+  const bool auto_field =
+      (field->containing_type() == config::Comm::descriptor() &&
+       (field->number() == config::Comm::kChunkBytesFieldNumber ||
+        field->number() == config::Comm::kStreamsFieldNumber)) ||
+      (field->containing_type() == config::Train::descriptor() &&
+       field->number() == config::Train::kPipelineWidthFieldNumber);
+  if (value == "auto" && auto_field) {
+    if (field->cpp_type() == FieldDescriptor::CPPTYPE_INT64) {
+      reflection->SetInt64(message, field, 0);
+    } else {
+      reflection->SetInt32(message, field, 0);
+    }
     return;
   }
 

@@ -101,7 +101,7 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Train>(Train::kMomentumFieldNumber), RealRange{0, true, 1.0}},
       {Field<Train>(Train::kWeightDecayFieldNumber), RealRange{0, true, std::nullopt}},
       {Field<Train>(Train::kEpochsFieldNumber), IntRange{1, std::nullopt}},
-      {Field<Train>(Train::kPipelineWidthFieldNumber), IntRange{1, 16}},
+      {Field<Train>(Train::kPipelineWidthFieldNumber), IntRange{1, 16, 1, "auto"}},
       {Field<Train>(Train::kMaxStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<Train>(Train::kProgressPerEpochFieldNumber), IntRange{0, 1000}},
       {Field<Train>(Train::kSyncWarmupStepsFieldNumber), IntRange{0, std::nullopt}},
@@ -110,7 +110,7 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Comm>(Comm::kChunkBytesFieldNumber), IntRange{1024, int64_t{1} << 30, 4, "auto"}},
       {Field<Comm>(Comm::kStartTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
       {Field<Comm>(Comm::kTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
-      {Field<Comm>(Comm::kStreamsFieldNumber), IntRange{1, 16}},
+      {Field<Comm>(Comm::kStreamsFieldNumber), IntRange{1, 16, 1, "auto"}},
       {Field<Comm>(Comm::kWarmupStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<Comm>(Comm::kMinBytesFieldNumber), IntRange{0, std::nullopt}},
       {Field<Comm>(Comm::kPowersgdRankFieldNumber), IntRange{0, 64}},
@@ -146,7 +146,11 @@ std::string Describe(const IntRange& rule) {
                        rule.multiple_of, rule.lo,
                        rule.hi.value_or(std::numeric_limits<int64_t>::max()));
   }
-  if (rule.hi) return fmt::format("expected an integer in [{}, {}]", rule.lo, *rule.hi);
+  if (rule.hi) {
+    return fmt::format("expected {}an integer in [{}, {}]",
+                       rule.zero_means ? fmt::format("0 ({}) or ", rule.zero_means) : "", rule.lo,
+                       *rule.hi);
+  }
   return fmt::format("expected an integer >= {}", rule.lo);
 }
 
@@ -174,6 +178,7 @@ class Validator {
     CheckPipeline(job);
     CheckCompensation(job);
     CheckPowerSgd(job);
+    CheckAutoWidth(job);
     if (!errors_.empty()) {
       Throw(ErrorCode::kInvalidArgument, "{}", fmt::join(errors_, "\n"));
     }
@@ -448,6 +453,25 @@ class Validator {
                               "prediction runs on host parameters); use NONE",
                               PathString(steps),
                               config::StalenessCompensation_Name(train.staleness_compensation())));
+  }
+
+  // The auto width times trial steps on scratch copies of the parameters and the optimizer
+  // state, which only the CPU RING trainer without a stateful reducer has.
+  void CheckAutoWidth(const config::Job& job) {
+    if (job.train().pipeline_width() != 0 || job.train().mode() != config::RING) return;
+    std::vector<Step> steps{{Field<config::Job>(config::Job::kTrainFieldNumber), -1},
+                            {Field<config::Train>(config::Train::kPipelineWidthFieldNumber), -1}};
+    const std::string path = PathString(steps);
+    if (job.model().device() == config::Model::CUDA) {
+      Report(steps, fmt::format("{} = 0 (auto): not implemented with model.device = CUDA (the "
+                                "trial steps would train the device parameters); set 1 or 2",
+                                path));
+    }
+    if (job.comm().powersgd_rank() > 0) {
+      Report(steps, fmt::format("{} = 0 (auto): not implemented with comm.powersgd_rank = {} "
+                                "(the trial steps would move PowerSGD's state); set 1 or 2",
+                                path, job.comm().powersgd_rank()));
+    }
   }
 
   // PowerSGD replaces the ring's codec and needs what only the RING trainer on the CPU has.

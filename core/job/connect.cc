@@ -1,5 +1,6 @@
 // A rank's place and its connections, for every mode (core/job/worker.h): the job's
 // environment, the transport chosen and made, the rendezvous, the ring or the peer links.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -198,7 +199,7 @@ collective::CommunicatorOptions CommunicatorOptionsFromConfig(const config::Job&
   const auto& comm_cfg = job.comm();
   collective::CommunicatorOptions o;
   o.chunk_bytes = static_cast<uint64_t>(comm_cfg.chunk_bytes());
-  o.streams = comm_cfg.streams();
+  o.streams = std::max(1, comm_cfg.streams());  // 0 (auto): 1 unless a RING job tunes it
   o.codec.kind = static_cast<CodecKind>(comm_cfg.compression());
   o.codec.round_to_nearest_even = comm_cfg.round_to_nearest_even();
   o.codec.stochastic_rounding = comm_cfg.stochastic_rounding();

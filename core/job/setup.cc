@@ -76,7 +76,7 @@ ConnectedTransport TransportForEveryone(const JobEnv& env, const config::Job& jo
   for (int r = 0; r < env.world_size; ++r) {
     if (r != env.rank) peers.push_back(r);
   }
-  return ConnectTransport(env, JobDescription(job), comm_cfg.streams(), comm_cfg, peers,
+  return ConnectTransport(env, JobDescription(job), std::max(1, comm_cfg.streams()), comm_cfg, peers,
                           start_deadline, fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
 }
 

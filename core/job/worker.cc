@@ -24,6 +24,7 @@
 #include "layers/cuda/cuda_model.h"
 #include "layers/cuda/device.h"
 #endif
+#include "core/job/auto_values.h"
 #include "core/job/config.h"
 #include "core/job/model_builder.h"
 #include "core/job/pipeline_worker.h"
@@ -88,7 +89,6 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
   const config::Job job = LoadJobConfig(args.config_path, args.overrides);
   const auto& train_cfg = job.train();
   const auto& comm_cfg = job.comm();
-  const int width = train_cfg.pipeline_width();
   if (train_cfg.mode() == config::SDPIPE) {
     if (job.pipeline().stages() > 1) {
       RunPipelineWorker(args, env, job, start);  // pipeline-parallel stages
@@ -103,8 +103,10 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
     return;
   }
   if (lead) {
+    const int width = train_cfg.pipeline_width();
     PSGD_LOG_INFO("pipesgd worker: world size {}, pipeline width {} ({}), comm.transport {}",
-                  env.world_size, width, width == 1 ? "synchronous SGD" : "Pipe-SGD",
+                  env.world_size, width == 0 ? "auto" : std::to_string(width),
+                  width == 0 ? "measured at start" : width == 1 ? "synchronous SGD" : "Pipe-SGD",
                   config::Transport_Name(comm_cfg.transport()));
     LogEffectiveConfig(args.config_path, job);
   }
@@ -117,7 +119,9 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
   const data::Dataset& train_set = sets.train;
   const data::Dataset& test_set = sets.test;
   const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  JobModel built = BuildJobModel(job, width);
+  // An auto width is at most 2 (core/train/autotune.h): room for 2 gradients in flight.
+  JobModel built = BuildJobModel(job, train_cfg.pipeline_width() == 0 ? 2
+                                                                      : train_cfg.pipeline_width());
   const std::unique_ptr<layers::Model> model = std::move(built.model);
   std::vector<float>& params = built.params;
   const size_t max_batch = built.max_batch;
@@ -163,7 +167,7 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
   }
 
   // Network: publish our endpoint, meet the others, connect the ring.
-  const collective::CommunicatorOptions comm_options = CommunicatorOptionsFromConfig(job);
+  const collective::CommunicatorOptions comm_options = RingConnectOptions(job);
   auto comm = ConnectRing(env, JobDescription(job), comm_options, comm_cfg,
                           Deadline::After(comm_cfg.start_timeout_s()),
                           fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
@@ -198,13 +202,21 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
     comm->RestoreResidual({resumed->residual().data(), static_cast<size_t>(resumed->residual_size())});
     comm->RestoreSequence(resumed->collective_sequence());
   }
+  train::TrainerOptions trainer_options{train_cfg.pipeline_width(), comm_cfg.timeout_s(),
+                                        comm_cfg.warmup_steps()};
+  trainer_options.compensation = CompensationFromConfig(train_cfg.staleness_compensation());
+  trainer_options.sync_warmup_steps = train_cfg.sync_warmup_steps();
+  // The auto values (0 in the config), before anything records a timeline or trains.
+  const RingSettings settings = ResolveRingSettings(
+      job, *comm, *objective, params, trainer_options,
+      [&] { return std::make_unique<train::SgdOptimizer>(sgd_options, params.size()); },
+      resumed ? &*resumed : nullptr, lead);
+  const int width = settings.pipeline_width;
+  trainer_options.pipeline_width = width;
   // Outlives the trainer, which records on it.
   const std::unique_ptr<timeline::Recorder> recorder = TimelineRecorder(args, env);
   comm->set_timeline(recorder.get());
   task.set_timeline(recorder.get());
-  train::TrainerOptions trainer_options{width, comm_cfg.timeout_s(), comm_cfg.warmup_steps()};
-  trainer_options.compensation = CompensationFromConfig(train_cfg.staleness_compensation());
-  trainer_options.sync_warmup_steps = train_cfg.sync_warmup_steps();
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
   // GPU gradients stay in device slots, AllReduced staged through pinned host lanes
   // (core/cuda/cuda_gradients.h); error feedback keeps a per-call residual that segments would
@@ -265,7 +277,8 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
     const train::TrainerSnapshot snapshot = trainer.Snapshot();
     const std::vector<float> opt = sgd.SaveState();
     const checkpoint::Checkpoint c = train::CaptureCheckpoint(
-        {job_text, env.rank, env.world_size, comm->sequence(), params, opt, comm->residual()},
+        {job_text, env.rank, env.world_size, comm->sequence(), params, opt, comm->residual(),
+         width, comm->options().chunk_bytes, comm->options().streams},
         snapshot);
     train::WriteCheckpoint(ckpt_dir, c, ckpt_cfg.keep());
     saved_step = snapshot.steps;
@@ -322,6 +335,9 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
                        wall_s, transport_name, wire.bytes_sent};
       out->WriteSummary(Summary(in, outcome, job,
                                 {{"pipeline_width", width},
+                                 {"chunk_bytes", comm->options().chunk_bytes},
+                                 {"streams", comm->options().streams},
+                                 {"auto", settings.report},
                                  {"staleness_compensation",
                                   config::StalenessCompensation_Name(
                                       train_cfg.staleness_compensation())},

@@ -229,6 +229,9 @@ checkpoint::Checkpoint CaptureCheckpoint(const RingJobState& state,
   c.set_steps(snapshot.steps);
   c.set_applied(snapshot.applied);
   c.set_collective_sequence(state.collective_sequence);
+  c.set_pipeline_width(state.pipeline_width);
+  c.set_chunk_bytes(state.chunk_bytes);
+  c.set_streams(state.streams);
   c.mutable_params()->Add(state.params.begin(), state.params.end());
   c.mutable_optimizer_state()->Add(state.optimizer_state.begin(), state.optimizer_state.end());
   c.mutable_residual()->Add(state.residual.begin(), state.residual.end());

@@ -53,6 +53,10 @@ struct RingJobState {
   std::span<const float> params;
   std::span<const float> optimizer_state;
   std::span<const float> residual;  // the error-feedback residual (empty without it)
+  // In effect (after any auto choice), so that a resume of an auto job keeps them.
+  int pipeline_width = 0;
+  uint64_t chunk_bytes = 0;
+  int streams = 0;
 };
 
 // The checkpoint of `state` and `snapshot`. Throws Error(kNumerical) naming the rank, the step
