@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "core/base/measure.h"
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "core/job/config.h"
@@ -209,10 +210,6 @@ int BlamedRank(const std::string& err_tail) {
   return end != p && *end == ':' ? static_cast<int>(v) : -1;
 }
 
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> ResolveForwardedEnv(
@@ -366,7 +363,7 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
     }
     if (all_exited && !streams_open) break;
     if (stop_sent) {
-      const double since = Since(*stop_sent);
+      const double since = SecondsSince(*stop_sent);
       if (options.stop_by_closing_stdin) {
         if (escalation == 0 && since > options.close_grace_s) {
           signal_all(SIGTERM);

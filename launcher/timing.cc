@@ -13,6 +13,7 @@
 
 #include "core/base/error.h"
 #include "core/base/log.h"
+#include "core/base/measure.h"
 #include "core/collective/codec.h"
 #include "core/collective/ring_allreduce.h"
 #include "core/data/dataset.h"
@@ -26,13 +27,6 @@ namespace pipesgd::launcher {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // latency, bandwidth (the link alone), overhead, compute, update, reduce, ring bandwidth, and
 // the job's own AllReduce of the model at kSmallChunk, kMidChunk and kLargeChunk
@@ -79,7 +73,7 @@ class Prober {
       const auto t0 = Clock::now();
       Send(c, &word, sizeof(word));
       Recv(c, &word, sizeof(word));
-      if (i >= 20) rtts.push_back(Since(t0));
+      if (i >= 20) rtts.push_back(SecondsSince(t0));
     }
     const double rtt = Median(rtts);
     out.latency_s = rtt / 2;
@@ -89,7 +83,7 @@ class Prober {
       const auto t0 = Clock::now();
       Send(c, big_.data(), big_.size());
       Recv(c, &word, sizeof(word));
-      if (i >= 1) times.push_back(Since(t0));
+      if (i >= 1) times.push_back(SecondsSince(t0));
     }
     out.bandwidth_Bps = kBigBytes / std::max(1e-9, Median(times) - rtt);
     std::vector<transport::Op> ops(kStreamMessages);
@@ -100,7 +94,7 @@ class Prober {
     }
     for (auto& op : ops) t_.Wait(op, Deadline::After(timeout_s_), "a probe message");
     Recv(c, &word, sizeof(word));
-    const double t = Since(t0) - rtt;
+    const double t = SecondsSince(t0) - rtt;
     out.overhead_s = std::max(0.0, t / kStreamMessages - kStreamBytes / out.bandwidth_Bps);
     return out;
   }
@@ -122,7 +116,7 @@ class Prober {
       right.PostSend(send);
       t_.Wait(send, Deadline::After(timeout_s_), "a ring probe message to the right");
       t_.Wait(recv, Deadline::After(timeout_s_), "a ring probe message from the left");
-      if (i >= 1) times.push_back(Since(t0));
+      if (i >= 1) times.push_back(SecondsSince(t0));
     }
     return kBigBytes / std::max(1e-9, Median(times));
   }
@@ -199,11 +193,11 @@ void RunProbe(const ProbeArgs& args) {
   for (int i = 0; i < 3; ++i) (void)task.ComputeGradient(i, params, grads);
   int64_t computed = 0;
   const auto compute_start = Clock::now();
-  while (computed < args.compute_steps || Since(compute_start) < 1.5) {
+  while (computed < args.compute_steps || SecondsSince(compute_start) < 1.5) {
     (void)task.ComputeGradient(3 + computed, params, grads);
     ++computed;
   }
-  const double compute_s = Since(compute_start) / static_cast<double>(computed);
+  const double compute_s = SecondsSince(compute_start) / static_cast<double>(computed);
   std::vector<double> times;
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(), train_cfg.weight_decay()}, p);
   std::fill(grads.begin(), grads.end(), 1e-6f);
@@ -211,18 +205,18 @@ void RunProbe(const ProbeArgs& args) {
   for (int i = 0; i < 10; ++i) {
     const auto t0 = Clock::now();
     sgd.Apply(params, grads);
-    times.push_back(Since(t0));
+    times.push_back(SecondsSince(t0));
   }
   const double update_s = Median(times);
   // The reduction, averaged over 0.5 s for the same reason.
   std::vector<float> a(p, 1.0f), b(p, 2.0f);
   int64_t adds = 0;
   const auto add_start = Clock::now();
-  while (adds < 10 || Since(add_start) < 0.5) {
+  while (adds < 10 || SecondsSince(add_start) < 0.5) {
     for (size_t j = 0; j < p; ++j) a[j] += b[j] * 1e-9f;
     ++adds;
   }
-  const double reduce_s_per_byte = Since(add_start) / static_cast<double>(adds) / (4.0 * p);
+  const double reduce_s_per_byte = SecondsSince(add_start) / static_cast<double>(adds) / (4.0 * p);
   if (!std::isfinite(a[p / 2])) Throw(ErrorCode::kInternal, "probe: the reduction overflowed");
 
   // Codecs: encode + decode of the whole model in 256 Ki-element chunks.
@@ -248,7 +242,7 @@ void RunProbe(const ProbeArgs& args) {
         codec->Decode({wire.data(), bytes}, {decoded.data(), n});
         wire_bytes += bytes;
       }
-      times.push_back(Since(t0));
+      times.push_back(SecondsSince(t0));
     }
     codecs.push_back({{"name", name},
                       {"ratio", 4.0 * p / wire_bytes},
@@ -300,7 +294,7 @@ void RunProbe(const ProbeArgs& args) {
         for (int i = 0; i < 2 + kAllReduceReps; ++i) {
           const auto t0 = Clock::now();
           ring->AllReduce(values, collective::ReduceOp::kAverage, Deadline::After(job.comm().timeout_s()));
-          if (i >= 2) times.push_back(Since(t0));
+          if (i >= 2) times.push_back(SecondsSince(t0));
         }
         mine[field++] = Median(times);
       }

@@ -6,21 +6,12 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
+#include "core/base/measure.h"
 
 namespace pipesgd::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-double Median(std::vector<double> v) {
-  PSGD_CHECK(!v.empty());
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // An uncompressed ring on the job ring's first connection: the tuning's own small collectives.
 std::unique_ptr<collective::Communicator> ControlRing(collective::Communicator& comm) {
@@ -148,7 +139,7 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
     for (int i = 0; i < 3; ++i) {
       const auto t0 = Clock::now();
       (void)objective.ComputeGradient(1 + i, scratch, grads);
-      times.push_back(Since(t0));
+      times.push_back(SecondsSince(t0));
     }
     compute_s = Median(times);
   }
@@ -158,7 +149,7 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
   auto first = RingWith(comm, candidates[0].chunk_bytes, candidates[0].streams);
   auto t0 = Clock::now();
   first->AllReduce(gradient, collective::ReduceOp::kAverage, Deadline::After(timeout));
-  const double once = SlowestRank(*control, {Since(t0)}, timeout)[0];
+  const double once = SlowestRank(*control, {SecondsSince(t0)}, timeout)[0];
   const int reps = std::clamp(static_cast<int>(request.budget_s / std::max(once, 1e-6)), 3, 15);
   first.reset();
 
@@ -170,7 +161,7 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
     for (int i = 0; i < reps; ++i) {
       t0 = Clock::now();
       ring->AllReduce(gradient, collective::ReduceOp::kAverage, Deadline::After(timeout));
-      times.push_back(Since(t0));
+      times.push_back(SecondsSince(t0));
     }
     mine.push_back(Median(times));
   }
@@ -216,7 +207,7 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
           for (int i = 0; i < kWarm; ++i) trainer.Step();
           t0 = Clock::now();
           for (int i = 0; i < n; ++i) trainer.Step();
-          seconds = Since(t0) / n;
+          seconds = SecondsSince(t0) / n;
           trainer.Drain(false);
         }
         step_s[k] = round == 0 ? seconds : std::min(step_s[k], seconds);
@@ -237,7 +228,7 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
     result.width = request.widths[w];
   }
   comm.Retune(result.chunk_bytes, result.streams);
-  result.seconds = Since(start);
+  result.seconds = SecondsSince(start);
   return result;
 }
 
