@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 
 #include <fmt/format.h>
@@ -461,15 +463,61 @@ void RunProbe(const ProbeArgs& args) {
   if (env.relay) env.relay->Goodbye();  // a normal end (transport/failure_relay.h)
 }
 
+// What the probe measured, over its ranks, beside what the model makes of the same inputs:
+// the compute (the model takes the slowest rank's) and the AllReduce of the model at each chunk
+// size timed. Nothing for a probe of an older version, which did not record them.
+std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::string& path,
+                                     const train::TimingInputs& in) {
+  std::vector<std::string> lines;
+  if (!probe.is_object() || !probe.contains("per_rank")) return lines;
+  auto spread = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return fmt::format("{:.3f} / {:.3f} / {:.3f} ms", v.front() * 1e3, Median(v) * 1e3,
+                       v.back() * 1e3);
+  };
+  try {
+    const auto& per_rank = probe.at("per_rank");
+    if (per_rank.empty()) return lines;
+    std::vector<double> compute;
+    std::map<double, std::vector<double>> allreduce;  // by chunk size
+    for (const auto& r : per_rank) {
+      compute.push_back(r.at("compute_s").get<double>());
+      if (r.contains("allreduce_s")) {
+        for (const auto& [chunk, sec] : r.at("allreduce_s").items()) {
+          allreduce[std::strtod(chunk.c_str(), nullptr)].push_back(sec.get<double>());
+        }
+      }
+    }
+    lines.push_back(fmt::format("measured by the probe on {} ranks (min / median / max): compute "
+                                "{}; the model takes the slowest, {:.3f} ms",
+                                per_rank.size(), spread(compute), in.compute_s * 1e3));
+    for (const auto& [chunk, secs] : allreduce) {
+      lines.push_back(fmt::format(
+          "measured AllReduce (none) at {:.0f} B chunks: {}; the model gives {:.3f} ms ({:+.1f}% "
+          "of the slowest rank's)",
+          chunk, spread(secs), train::RingAllReduceTime(in, train::CodecCost{}, chunk) * 1e3,
+          100 * (train::RingAllReduceTime(in, train::CodecCost{}, chunk) /
+                     *std::max_element(secs.begin(), secs.end()) -
+                 1)));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    Throw(ErrorCode::kInvalidArgument, "model --probe {}: per_rank is not a probe's: {}", path,
+          e.what());
+  }
+  return lines;
+}
+
 void RunModel(const ModelArgs& a) {
   train::TimingInputs in;
   std::vector<train::CodecCost> codecs;
+  nlohmann::json probe;  // the probe's result, if given
   if (!a.probe_json.empty()) {
     std::ifstream f(a.probe_json);
     if (!f) Throw(ErrorCode::kIo, "model --probe {}: cannot read", a.probe_json);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(f);
+      probe = j;
       in.workers = j.at("workers").get<int>();
       in.model_bytes = j.at("model_bytes").get<double>();
       in.latency_s = j.at("latency_s").get<double>();
@@ -532,18 +580,44 @@ void RunModel(const ModelArgs& a) {
               in.workers, in.model_bytes, in.latency_s * 1e6, in.bandwidth_Bps / 1e6,
               in.compute_s * 1e3, in.update_s * 1e3, in.reduce_s_per_byte * 1e9,
               in.chunk_overhead_s * 1e6, in.contention);
-  std::printf("# %-10s %-8s %12s %14s %12s\n", "scheme", "codec", "chunk(B)", "iteration(ms)",
-              "vs best");
+  // Each row next to what it is made of: C + U, the communication, and for the ring schemes
+  // T_AR's terms (docs/timing_models.md) with the one that sets it; "vs none" is what the
+  // row's codec gains its scheme.
+  std::printf("# %-9s %-7s %9s %10s %8s %8s | %9s %9s %7s %9s %9s %9s %9s %5s %s\n", "scheme",
+              "codec", "chunk(B)", "iter(ms)", "vs best", "vs none", "C+U(ms)", "comm(ms)", "m",
+              "alpha(ms)", "link(ms)", "cpu(ms)", "fill(ms)", "gamma", "bound");
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : report.rows) {
-    std::printf("  %-10s %-8s %12s %14.3f %12.2fx\n", row.scheme.c_str(), row.codec.c_str(),
-                row.chunk_bytes > 0 ? fmt::format("{:.0f}", row.chunk_bytes).c_str() : "-",
-                row.iteration_s * 1e3, row.iteration_s / report.best.iteration_s);
-    rows.push_back({{"scheme", row.scheme},
-                    {"codec", row.codec},
-                    {"chunk_bytes", row.chunk_bytes},
-                    {"iteration_s", row.iteration_s}});
+    double none_s = row.iteration_s;
+    for (const auto& other : report.rows) {
+      if (other.scheme == row.scheme && other.codec == "none") none_s = other.iteration_s;
+    }
+    const bool ring = row.chunk_bytes > 0;
+    const train::RingTerms& t = row.ring;
+    const char* bound = row.comm_s > row.compute_s ? "comm" : "compute";
+    if (ring && row.comm_s > row.compute_s) bound = t.link_s >= t.cpu_s ? "comm:link" : "comm:cpu";
+    std::printf("  %-9s %-7s %9s %10.3f %7.2fx %7.2fx | %9.3f %9.3f %7s %9s %9s %9s %9s %5s %s\n",
+                row.scheme.c_str(), row.codec.c_str(),
+                ring ? fmt::format("{:.0f}", row.chunk_bytes).c_str() : "-", row.iteration_s * 1e3,
+                row.iteration_s / report.best.iteration_s, row.iteration_s / none_s,
+                row.compute_s * 1e3, row.comm_s * 1e3,
+                ring ? fmt::format("{:.0f}", t.chunks_per_block).c_str() : "-",
+                ring ? fmt::format("{:.3f}", t.latency_s * 1e3).c_str() : "-",
+                ring ? fmt::format("{:.3f}", t.link_s * 1e3).c_str() : "-",
+                ring ? fmt::format("{:.3f}", t.cpu_s * 1e3).c_str() : "-",
+                ring ? fmt::format("{:.3f}", t.tail_s * 1e3).c_str() : "-",
+                ring ? fmt::format("{:.3f}", in.contention).c_str() : "-", bound);
+    nlohmann::json r = {{"scheme", row.scheme},   {"codec", row.codec},
+                        {"chunk_bytes", row.chunk_bytes}, {"iteration_s", row.iteration_s},
+                        {"vs_none", row.iteration_s / none_s}, {"compute_s", row.compute_s},
+                        {"comm_s", row.comm_s}};
+    if (ring) {
+      r["ring_terms"] = {{"chunks_per_block", t.chunks_per_block}, {"latency_s", t.latency_s},
+                         {"link_s", t.link_s}, {"cpu_s", t.cpu_s}, {"tail_s", t.tail_s}};
+    }
+    rows.push_back(r);
   }
+  for (const std::string& line : ProbeSpread(probe, a.probe_json, in)) std::printf("# %s\n", line.c_str());
   const double t_ar = train::RingAllReduceTime(
       in, codecs[0], train::BestChunkBytes(in, codecs[0], chunks));
   std::printf("# AllReduce (none) %.3f ms vs compute + update %.3f ms: %s-bound\n", t_ar * 1e3,

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "core/collective/codec.h"
 #include "tests/support/multiproc.h"
 #include "tests/support/ring.h"
 
@@ -77,6 +78,7 @@ TEST(AutoTune, EveryRankTakesRankZerosChoiceAndTheJobRingIsUntouched) {
     request.choose = [](int rank, const std::vector<double>& s, size_t) {
       return rank == 0 ? s.size() - 1 : 0;
     };
+    request.compare_codecs = {CodecKind::kQ8, CodecKind::kFp16};
     const train::AutoTuneResult r = train::AutoTune(*comm, objective, params, request);
     // 256 KiB, 1 MiB and 4 MiB all send one chunk per block: 1 MiB (preferred) stands for them.
     std::string out = fmt::format("chunk {} streams {} width {} candidates", r.chunk_bytes,
@@ -86,6 +88,10 @@ TEST(AutoTune, EveryRankTakesRankZerosChoiceAndTheJobRingIsUntouched) {
       if (!(t.seconds > 0)) out += " (not timed)";
     }
     for (const auto& w : r.widths) out += fmt::format(" w{}={:a}", w.width, w.step_s);
+    for (const auto& c : r.codecs) {
+      out += fmt::format(" {}={:a}", CodecName(c.codec), c.seconds);
+      if (!(c.seconds > 0)) out += " (not timed)";
+    }
     out += fmt::format(" | ring chunk {} streams {} left {} seq +{}", comm->options().chunk_bytes,
                        comm->options().streams, comm->left_connections().size(),
                        comm->sequence() - seq);
@@ -106,6 +112,8 @@ TEST(AutoTune, EveryRankTakesRankZerosChoiceAndTheJobRingIsUntouched) {
   EXPECT_EQ(first.find("not timed"), std::string::npos) << first;
   EXPECT_NE(first.find(" w1="), std::string::npos) << first;
   EXPECT_NE(first.find(" w2="), std::string::npos) << first;
+  EXPECT_NE(first.find(" q8="), std::string::npos) << first;
+  EXPECT_NE(first.find(" fp16="), std::string::npos) << first;
   EXPECT_NE(first.find("| ring chunk 65536 streams 2 left 2 seq +0 sums 30,33,36,39,42"),
             std::string::npos)
       << first;
@@ -135,6 +143,27 @@ TEST(AutoTune, FixedValuesAreKeptAndTheRingUsesFewerStreams) {
     ASSERT_EQ(r.exit_code, 0) << r.error;
     EXPECT_EQ(r.output, "4096 1 2 timed 1 widths 0 ring 4096 1 v 3 3");
   }
+}
+
+// One rank has nothing to reduce and nothing to overlap: it takes the preferred values at once
+// (it used to time every candidate and both widths, ~1.2 s of a job's start for nothing).
+TEST(AutoTune, OneRankTakesThePreferredValuesWithoutMeasuring) {
+  auto results = testing::RunRanks(1, [](const testing::RankContext& ctx) {
+    auto comm = testing::ConnectRing(ctx, 4096, 1);
+    CountingObjective objective(ctx.rank, 1000);
+    std::vector<float> params(1000, 0.0f);
+    train::AutoTuneRequest request;
+    request.timeout_s = 30;
+    request.make_optimizer = [] { return std::make_unique<PlainSgd>(); };
+    request.compare_codecs = {CodecKind::kQ8};
+    const train::AutoTuneResult r = train::AutoTune(*comm, objective, params, request);
+    return fmt::format("{} {} {} timed {} widths {} codecs {} ring {}", r.chunk_bytes, r.streams,
+                       r.width, r.allreduce.size(), r.widths.size(), r.codecs.size(),
+                       comm->options().chunk_bytes);
+  });
+  ASSERT_EQ(results.size(), 1u);
+  ASSERT_EQ(results[0].exit_code, 0) << results[0].error;
+  EXPECT_EQ(results[0].output, "1048576 1 1 timed 0 widths 0 codecs 0 ring 1048576");
 }
 
 }  // namespace

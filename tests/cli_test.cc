@@ -849,6 +849,26 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   auto m = RunCommand({kBinary, "model", "--probe", json});
   ASSERT_EQ(m.exit_code, 0) << m.out << m.err;
   EXPECT_NE(m.out.find("best: "), std::string::npos) << m.out;
+  // The probe's spread over the ranks beside the model's value for the same thing.
+  EXPECT_NE(m.out.find(fmt::format("# measured by the probe on 3 ranks (min / median / max): "
+                                   "compute {:.3f} / ",
+                                   compute_min * 1e3)),
+            std::string::npos)
+      << m.out;
+  for (const char* chunk : {"4096", "65536", "16777216"}) {
+    EXPECT_NE(m.out.find(fmt::format("# measured AllReduce (none) at {} B chunks: ", chunk)),
+              std::string::npos)
+        << m.out;
+  }
+  // A probe file whose per-rank table is not a probe's is refused by name.
+  auto broken = j;
+  broken["per_rank"][0]["compute_s"] = "fast";
+  {
+    std::ofstream out(dir.path("broken.json"));
+    out << broken.dump();
+  }
+  ExpectError(RunCommand({kBinary, "model", "--probe", dir.path("broken.json")}),
+              {"model --probe", "broken.json: per_rank is not a probe's"});
 }
 
 TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
@@ -869,6 +889,17 @@ TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
   EXPECT_NE(out.find("pipe_k2 none 1000000 54.600"), std::string::npos) << r.out;
   EXPECT_NE(out.find("ps_sync none - 283.200"), std::string::npos) << r.out;
   EXPECT_NE(out.find("ps_async none - 128.000"), std::string::npos) << r.out;
+  // Beside each row what it is made of: C + U 11 ms, T_AR 54.6 ms = 6 alpha 0.6 ms + the link's
+  // 48 ms (above the CPU's 6 (1e6 x 1 ns + 10 us) = 6.06 ms) + the fill 6 ms.
+  EXPECT_NE(out.find("ring_sync none 1000000 65.600 5.18x 1.00x | 11.000 54.600 1 0.600 48.000 "
+                     "6.060 6.000 0.000 comm:link"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(out.find("pipe_k2 sign1 1000000 12.660 1.00x 0.23x | 11.000 "), std::string::npos)
+      << r.out;
+  EXPECT_NE(out.find("ps_sync none - 283.200 22.37x 1.00x | 11.000 272.200 - - - - - - comm"),
+            std::string::npos)
+      << r.out;
   // Codecs without a probe cost nothing but shrink the bytes: sign1 (r = 28.4) with width 2
   // wins, at 12.66 ms (compute + update 11 ms, plus the ring's latency and chunk overheads).
   EXPECT_NE(r.out.find("best: pipe_k2, compression sign1, pipeline width 2, chunk 1000000 B: "

@@ -121,6 +121,21 @@ TEST(TimingModel, FitRingRecoversBandwidthOverheadAndContention) {
   EXPECT_EQ(FitBandwidth(truth, 16 << 20, 1e-9), 0.0);  // faster than any link: latency-bound
 }
 
+TEST(TimingModel, RingTermsAddUpToTheTime) {
+  TimingInputs in = Lab();
+  in.contention = 0.5;
+  const RingTerms t = RingAllReduceTerms(in, {"q8", 4, 2e-9}, 2.5e5);
+  // m = 4 chunks of 250 kB; L = 6 x 1e6 / (4 x 1.25e8) = 0.012; P = 6 (1e6 x 3e-9 + 4 x 1e-5)
+  // = 0.01824; fill 6 x 2.5e5 x 3e-9 = 0.0045.
+  EXPECT_EQ(t.chunks_per_block, 4.0);
+  EXPECT_NEAR(t.latency_s, 6e-4, 1e-15);
+  EXPECT_NEAR(t.link_s, 0.012, 1e-15);
+  EXPECT_NEAR(t.cpu_s, 0.01824, 1e-15);
+  EXPECT_NEAR(t.tail_s, 0.0045, 1e-15);
+  EXPECT_NEAR(t.total_s, 6e-4 + 0.01824 + 0.5 * 0.012 + 0.0045, 1e-15);
+  EXPECT_EQ(t.total_s, RingAllReduceTime(in, {"q8", 4, 2e-9}, 2.5e5));
+}
+
 TEST(TimingModel, PredictAllPicksTheFastest) {
   const ModelReport report =
       PredictAll(Lab(), {kNone, {"q8", 4, 2e-9}}, std::vector<double>{1e6});

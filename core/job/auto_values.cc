@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/base/log.h"
+#include "core/collective/codec.h"
 #include "core/job/worker.h"
 #include "core/train/autotune.h"
 
@@ -76,6 +77,11 @@ RingSettings ResolveRingSettings(const config::Job& job, collective::Communicato
     request.timeout_s = job.comm().timeout_s();
     request.trainer = trainer;
     request.make_optimizer = std::move(make_optimizer);
+    const CodecKind own = comm.options().codec.kind;
+    for (CodecKind kind : {CodecKind::kNone, CodecKind::kTrunc16, CodecKind::kFp16, CodecKind::kQ8,
+                           CodecKind::kQ4, CodecKind::kSign1}) {
+      if (kind != own) request.compare_codecs.push_back(kind);
+    }
     const train::AutoTuneResult r = train::AutoTune(comm, objective, params, request);
     s.pipeline_width = r.width;
     s.chunk_bytes = r.chunk_bytes;
@@ -93,20 +99,41 @@ RingSettings ResolveRingSettings(const config::Job& job, collective::Communicato
       widths.push_back(
           {{"width", w.width}, {"step_s", w.step_s}, {"predicted_s", w.predicted_s}});
     }
+    double chosen_ar = 0;
+    for (const auto& t : r.allreduce) {
+      if (t.chunk_bytes == s.chunk_bytes && t.streams == s.streams) chosen_ar = t.seconds;
+    }
+    nlohmann::json codecs = nlohmann::json::array();
+    std::vector<std::string> gains;
+    for (const auto& c : r.codecs) {
+      codecs.push_back({{"codec", CodecName(c.codec)}, {"seconds", c.seconds}});
+      gains.push_back(fmt::format("{} {:.3f} ms ({:.2f}x)", CodecName(c.codec), c.seconds * 1e3,
+                                  chosen_ar > 0 ? c.seconds / chosen_ar : 0.0));
+    }
+    s.report["codecs"] = codecs;
     s.report["tuning_s"] = r.seconds;
     s.report["compute_s"] = r.compute_s;
     s.report["allreduce"] = allreduce;
     s.report["widths"] = widths;
     if (lead) {
-      PSGD_LOG_INFO("auto: comm.chunk_bytes = {}, comm.streams = {}: the gradient's AllReduce "
-                    "({} B), slowest rank, at chunk x streams: {}",
-                    Bytes(s.chunk_bytes), s.streams, 4 * (params.size() + 1),
-                    fmt::join(timed, ", "));
+      if (!r.allreduce.empty()) {
+        PSGD_LOG_INFO("auto: comm.chunk_bytes = {}, comm.streams = {}: the gradient's AllReduce "
+                      "({} B), slowest rank, at chunk x streams: {}",
+                      Bytes(s.chunk_bytes), s.streams, 4 * (params.size() + 1),
+                      fmt::join(timed, ", "));
+      } else {
+        PSGD_LOG_INFO("auto: one rank: nothing to reduce, so nothing measured: "
+                      "train.pipeline_width = {}, comm.chunk_bytes = {}, comm.streams = {}",
+                      s.pipeline_width, Bytes(s.chunk_bytes), s.streams);
+      }
+      if (!gains.empty()) {
+        PSGD_LOG_INFO("auto: the same AllReduce at {} x {} with comm.compression {} (this job's) "
+                      "{:.3f} ms; with {}. Compression stays your choice: it changes accuracy "
+                      "(docs/compression.md)",
+                      Bytes(s.chunk_bytes), s.streams, CodecName(comm.options().codec.kind),
+                      chosen_ar * 1e3, fmt::join(gains, ", "));
+      }
       if (!r.widths.empty()) {
-        double chosen_ar = 0;
-        for (const auto& t : r.allreduce) {
-          if (t.chunk_bytes == s.chunk_bytes && t.streams == s.streams) chosen_ar = t.seconds;
-        }
         std::vector<std::string> steps;
         for (const auto& w : r.widths) {
           steps.push_back(fmt::format("width {} {:.3f} ms (model {:.3f} ms)", w.width,

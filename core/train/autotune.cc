@@ -26,10 +26,11 @@ std::unique_ptr<collective::Communicator> ControlRing(collective::Communicator& 
                                                        comm.world_size(), left, right, exact);
 }
 
-// The job ring's options with another chunk size and stream count, on its connections.
+// The job ring's options (or `options`) with another chunk size and stream count, on its
+// connections.
 std::unique_ptr<collective::Communicator> RingWith(collective::Communicator& comm,
-                                                   uint64_t chunk_bytes, int streams) {
-  collective::CommunicatorOptions options = comm.options();
+                                                   uint64_t chunk_bytes, int streams,
+                                                   collective::CommunicatorOptions options) {
   options.chunk_bytes = chunk_bytes;
   options.streams = streams;
   std::vector<transport::Connection*> left, right;
@@ -40,6 +41,30 @@ std::unique_ptr<collective::Communicator> RingWith(collective::Communicator& com
   }
   return collective::Communicator::CreateOnConnections(comm.shared_transport(), comm.rank(),
                                                        comm.world_size(), left, right, options);
+}
+std::unique_ptr<collective::Communicator> RingWith(collective::Communicator& comm,
+                                                   uint64_t chunk_bytes, int streams) {
+  return RingWith(comm, chunk_bytes, streams, comm.options());
+}
+
+// The median of `reps` AllReduces of `gradient` on `ring`, after one untimed.
+double TimeAllReduce(collective::Communicator& ring, std::span<float> gradient, int reps,
+                     double timeout_s) {
+  ring.AllReduce(gradient, collective::ReduceOp::kAverage, Deadline::After(timeout_s));
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    ring.AllReduce(gradient, collective::ReduceOp::kAverage, Deadline::After(timeout_s));
+    times.push_back(SecondsSince(t0));
+  }
+  return Median(times);
+}
+
+template <typename T>
+T PreferredOrFirst(const std::vector<T>& candidates, T preferred) {
+  return std::find(candidates.begin(), candidates.end(), preferred) != candidates.end()
+             ? preferred
+             : candidates[0];
 }
 
 // Every rank's `mine` (the same length on every rank), slowest rank's value per entry, the
@@ -94,6 +119,15 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
   const auto start = Clock::now();
   const double timeout = request.timeout_s;
   AutoTuneResult result;
+  if (comm.world_size() == 1) {
+    // Nothing to reduce, nothing to overlap: a width-2 trial would only add staleness.
+    result.chunk_bytes = PreferredOrFirst(request.chunk_bytes, request.preferred_chunk_bytes);
+    result.streams = 1;
+    result.width = PreferredOrFirst(request.widths, request.preferred_width);
+    comm.Retune(result.chunk_bytes, result.streams);
+    result.seconds = SecondsSince(start);
+    return result;
+  }
   const auto control = ControlRing(comm);
   // The gradient the trainer reduces: the parameters' and the loss (trainer.h's slots).
   const uint64_t count = params.size() + 1;
@@ -103,11 +137,8 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
   }
 
   // Candidates, the preferred value first; chunk sizes that chunk this gradient alike once.
-  std::vector<uint64_t> chunks = {request.preferred_chunk_bytes};
-  if (std::find(request.chunk_bytes.begin(), request.chunk_bytes.end(), chunks[0]) ==
-      request.chunk_bytes.end()) {
-    chunks = {request.chunk_bytes[0]};
-  }
+  std::vector<uint64_t> chunks = {
+      PreferredOrFirst(request.chunk_bytes, request.preferred_chunk_bytes)};
   for (uint64_t c : request.chunk_bytes) {
     const bool same = std::any_of(chunks.begin(), chunks.end(), [&](uint64_t k) {
       return ChunksPerBlock(count, comm.world_size(), k) ==
@@ -115,8 +146,7 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
     });
     if (!same) chunks.push_back(c);
   }
-  // One rank has no connection to spread over.
-  std::vector<int> streams = comm.world_size() == 1 ? std::vector<int>{1} : request.streams;
+  std::vector<int> streams = request.streams;
   if (auto it = std::find(streams.begin(), streams.end(), request.preferred_streams);
       it != streams.end()) {
     std::rotate(streams.begin(), it, it + 1);
@@ -155,15 +185,8 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
 
   std::vector<double> mine;
   for (const Candidate& c : candidates) {
-    auto ring = RingWith(comm, c.chunk_bytes, c.streams);
-    ring->AllReduce(gradient, collective::ReduceOp::kAverage, Deadline::After(timeout));
-    std::vector<double> times;
-    for (int i = 0; i < reps; ++i) {
-      t0 = Clock::now();
-      ring->AllReduce(gradient, collective::ReduceOp::kAverage, Deadline::After(timeout));
-      times.push_back(SecondsSince(t0));
-    }
-    mine.push_back(Median(times));
+    mine.push_back(TimeAllReduce(*RingWith(comm, c.chunk_bytes, c.streams), gradient, reps,
+                                 timeout));
   }
   mine.push_back(compute_s);
   const std::vector<double> slowest = SlowestRank(*control, mine, timeout);
@@ -177,6 +200,22 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
   PSGD_CHECK_LT(pick, candidates.size());
   result.chunk_bytes = candidates[pick].chunk_bytes;
   result.streams = candidates[pick].streams;
+
+  // What each other codec would take at the chosen values (the job's error feedback kept).
+  if (!request.compare_codecs.empty()) {
+    std::vector<double> codec_s;
+    for (CodecKind kind : request.compare_codecs) {
+      collective::CommunicatorOptions options = comm.options();
+      options.codec.kind = kind;
+      options.error_feedback = options.error_feedback && kind != CodecKind::kNone;
+      codec_s.push_back(TimeAllReduce(*RingWith(comm, result.chunk_bytes, result.streams, options),
+                                      gradient, reps, timeout));
+    }
+    const std::vector<double> slow = SlowestRank(*control, codec_s, timeout);
+    for (size_t i = 0; i < slow.size(); ++i) {
+      result.codecs.push_back({request.compare_codecs[i], slow[i]});
+    }
+  }
 
   // Widths: a few real steps of each on scratch parameters and optimizer state.
   result.width = request.widths[0];

@@ -33,6 +33,12 @@ struct AllReduceTiming {
   double seconds = 0;  // median of the timed calls, the slowest rank's
 };
 
+// The chosen chunk size and streams with another codec: what comm.compression would gain.
+struct CodecTiming {
+  CodecKind codec = CodecKind::kNone;
+  double seconds = 0;  // median of the timed calls, the slowest rank's
+};
+
 struct WidthTiming {
   int width = 1;
   double step_s = 0;       // measured: a training step in the steady state, the slowest rank's
@@ -73,6 +79,9 @@ struct AutoTuneRequest {
   // momentum must not move).
   std::function<std::unique_ptr<Optimizer>()> make_optimizer;
   AutoChooser choose;  // null: ChooseByTime
+  // Codecs also timed at the chosen chunk size and streams, for the log (compression stays the
+  // user's choice: it changes accuracy); the job's own codec is timed among the candidates.
+  std::vector<CodecKind> compare_codecs;
 };
 
 struct AutoTuneResult {
@@ -81,6 +90,7 @@ struct AutoTuneResult {
   int width = 1;
   std::vector<AllReduceTiming> allreduce;  // every candidate timed
   std::vector<WidthTiming> widths;         // empty when the width was fixed
+  std::vector<CodecTiming> codecs;         // request.compare_codecs, in order
   double compute_s = 0;  // forward + backward of one batch, the slowest rank's (0: not measured)
   double seconds = 0;    // the whole tuning on this rank
 };
@@ -89,7 +99,8 @@ struct AutoTuneResult {
 // `objective` computes the job's gradients (its steps from 0 are computed again later: it must
 // be a function of the step and the parameters); `params` is the job's starting point (copied).
 // Collective: every rank calls it with the same request. Throws what the AllReduces and the
-// trainer throw.
+// trainer throw. One rank measures nothing (it has nothing to reduce): the preferred values, or
+// each list's first where the preferred is not a candidate.
 AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
                         std::span<const float> params, const AutoTuneRequest& request);
 

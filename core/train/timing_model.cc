@@ -2,25 +2,34 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/base/check.h"
 
 namespace pipesgd::train {
 
-double RingAllReduceTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
+RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
   PSGD_CHECK_GE(in.workers, 1);
   PSGD_CHECK(in.bandwidth_Bps > 0 && codec.ratio >= 1 && chunk_bytes > 0);
-  if (in.workers == 1 || in.model_bytes <= 0) return 0;
+  RingTerms t;
+  if (in.workers == 1 || in.model_bytes <= 0) return t;
   const double w = in.workers;
   const double steps = 2 * (w - 1);
   const double block = in.model_bytes / w;
-  const double m = std::ceil(block / chunk_bytes);
-  const double s = block / m;
+  t.chunks_per_block = std::ceil(block / chunk_bytes);
+  const double s = block / t.chunks_per_block;
   const double cpu_per_byte = in.reduce_s_per_byte + codec.s_per_byte;
-  const double link = steps * block / (codec.ratio * in.bandwidth_Bps);
-  const double cpu = steps * (block * cpu_per_byte + m * in.chunk_overhead_s);
-  return steps * in.latency_s + std::max(link, cpu) + in.contention * std::min(link, cpu) +
-         steps * s * cpu_per_byte;
+  t.latency_s = steps * in.latency_s;
+  t.link_s = steps * block / (codec.ratio * in.bandwidth_Bps);
+  t.cpu_s = steps * (block * cpu_per_byte + t.chunks_per_block * in.chunk_overhead_s);
+  t.tail_s = steps * s * cpu_per_byte;
+  t.total_s = t.latency_s + std::max(t.link_s, t.cpu_s) +
+              in.contention * std::min(t.link_s, t.cpu_s) + t.tail_s;
+  return t;
+}
+
+double RingAllReduceTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
+  return RingAllReduceTerms(in, codec, chunk_bytes).total_s;
 }
 
 namespace {
@@ -140,15 +149,21 @@ std::vector<double> DefaultChunkSizes() {
 ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& codecs,
                        const std::vector<double>& chunk_sizes) {
   ModelReport report;
+  const double compute = in.compute_s + in.update_s;
   for (const CodecCost& codec : codecs) {
     // The PS modes send float32 (they ignore comm.compression): no rows they cannot run.
     if (codec.name == "none") {
-      report.rows.push_back({"ps_sync", codec.name, 0, PsSyncTime(in, codec)});
-      report.rows.push_back({"ps_async", codec.name, 0, PsAsyncTime(in, codec)});
+      for (const auto& [name, t] : {std::pair{"ps_sync", PsSyncTime(in, codec)},
+                                    std::pair{"ps_async", PsAsyncTime(in, codec)}}) {
+        report.rows.push_back({name, codec.name, 0, t, compute, std::max(0.0, t - compute), {}});
+      }
     }
     const double chunk = BestChunkBytes(in, codec, chunk_sizes);
-    report.rows.push_back({"ring_sync", codec.name, chunk, RingSyncTime(in, codec, chunk)});
-    report.rows.push_back({"pipe_k2", codec.name, chunk, PipeTime(in, codec, chunk, 2)});
+    const RingTerms terms = RingAllReduceTerms(in, codec, chunk);
+    report.rows.push_back({"ring_sync", codec.name, chunk, RingSyncTime(in, codec, chunk), compute,
+                           terms.total_s, terms});
+    report.rows.push_back({"pipe_k2", codec.name, chunk, PipeTime(in, codec, chunk, 2), compute,
+                           terms.total_s, terms});
   }
   PSGD_CHECK(!report.rows.empty());
   report.best = *std::min_element(

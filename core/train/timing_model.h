@@ -48,6 +48,17 @@ struct CodecCost {
 // W = 1: 0.
 double RingAllReduceTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
 
+// RingAllReduceTime's terms, what `pipesgd model` shows beside each ring prediction.
+struct RingTerms {
+  double chunks_per_block = 0;  // m
+  double latency_s = 0;         // 2(W-1) alpha
+  double link_s = 0;            // L
+  double cpu_s = 0;             // P
+  double tail_s = 0;            // 2(W-1) s (rho + kappa)
+  double total_s = 0;           // RingAllReduceTime
+};
+RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
+
 // Synchronous ring SGD (pipeline width 1): C + U + T_AR.
 double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
 
@@ -74,6 +85,9 @@ struct SchemePrediction {
   std::string codec;    // codec name
   double chunk_bytes = 0;  // 0 for the PS schemes
   double iteration_s = 0;
+  double compute_s = 0;    // C + U
+  double comm_s = 0;       // T_AR (ring schemes); PS: what the server round adds to C + U
+  RingTerms ring;          // the ring schemes' T_AR, term by term
 };
 
 // The ring schemes with every codec at its best chunk size among `chunk_sizes` (bytes), the PS
