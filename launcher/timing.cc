@@ -2,13 +2,14 @@
 #include "launcher/timing.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
+#include <exception>
 #include <fstream>
-#include <map>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -31,8 +32,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // latency, bandwidth (the link alone), overhead, compute, update, reduce, ring bandwidth, and
-// the job's own AllReduce of the model at kSmallChunk, kMidChunk and kLargeChunk
-constexpr int kFields = 10;
+// the job's own AllReduce of the model at kSmallChunk, kMidChunk and kLargeChunk, then the
+// compute and the kLargeChunk AllReduce while both run at once (kOverlapCompute, kOverlapAllReduce)
+constexpr int kFields = 12;
+constexpr int kOverlapCompute = 10;
+constexpr int kOverlapAllReduce = 11;
+// About how long the overlapped AllReduces run (seconds), in calls every rank agrees on.
+constexpr double kOverlapBudgetS = 0.5;
 // The ring's per-chunk cost shows only in a real AllReduce with many chunks (a wake-up, a header,
 // a reduction call per chunk): 4 KiB, the smallest chunk `pipesgd model` considers; the link's
 // rate with one chunk per block (16 MiB: the largest); how much the two overlap in between.
@@ -251,7 +257,7 @@ void RunProbe(const ProbeArgs& args) {
                       {"s_per_byte", Median(times) / (4.0 * p)}});
   }
 
-  std::vector<double> mine = {0, 0, 0, compute_s, update_s, reduce_s_per_byte, 0, 0, 0, 0};
+  std::vector<double> mine = {0, 0, 0, compute_s, update_s, reduce_s_per_byte, 0, 0, 0, 0, 0, 0};
   std::vector<double> all(static_cast<size_t>(kFields) * env.world_size, 0.0);
   if (env.world_size > 1) {
     const int w = env.world_size, r = env.rank;
@@ -300,6 +306,53 @@ void RunProbe(const ProbeArgs& args) {
         }
         mine[field++] = Median(times);
       }
+      // Width 2's situation: this thread reduces while a second one computes, on every rank at
+      // once. Where they share cores (loopback, a node under a CPU quota) each slows the other,
+      // which the times above, each taken alone, cannot show. The call count comes from an
+      // AllReduce of every rank's time, the same bits on every rank.
+      collective::CommunicatorOptions copt;
+      copt.chunk_bytes = kLargeChunk;
+      auto ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left}, {&right},
+                                                                copt);
+      std::vector<float> mean_large = {static_cast<float>(mine[9])};
+      ring->AllReduce(mean_large, collective::ReduceOp::kAverage,
+                      Deadline::After(job.comm().timeout_s()));
+      const int calls = std::clamp(
+          static_cast<int>(kOverlapBudgetS / std::max(1e-6, double(mean_large[0]))), 5, 100);
+      std::atomic<bool> stop{false};
+      double compute_window_s = 0;
+      int64_t overlapped_steps = 0;
+      const auto a0 = Clock::now();
+      std::exception_ptr compute_error;
+      {
+        std::jthread computer([&] {
+          try {
+            std::vector<float> cparams(params), cgrads(p);
+            const auto c0 = Clock::now();
+            while (!stop.load(std::memory_order_relaxed)) {
+              (void)task.ComputeGradient(overlapped_steps, cparams, cgrads);
+              ++overlapped_steps;
+            }
+            compute_window_s = SecondsSince(c0);
+          } catch (...) {
+            compute_error = std::current_exception();
+          }
+        });
+        try {
+          for (int i = 0; i < calls; ++i) {
+            ring->AllReduce(values, collective::ReduceOp::kAverage,
+                            Deadline::After(job.comm().timeout_s()));
+          }
+        } catch (...) {
+          stop = true;
+          throw;
+        }
+        stop = true;
+      }
+      if (compute_error) std::rethrow_exception(compute_error);
+      mine[kOverlapAllReduce] = SecondsSince(a0) / calls;
+      mine[kOverlapCompute] =
+          overlapped_steps > 0 ? compute_window_s / static_cast<double>(overlapped_steps) : 0;
     }
     // Gather every rank's numbers at rank 0: one pass around the ring.
     const size_t bytes = all.size() * sizeof(double);
@@ -339,6 +392,8 @@ void RunProbe(const ProbeArgs& args) {
                                          {std::to_string(kLargeChunk), v[9]}}},
                         {"chunk_overhead_s", v[2]},
                         {"compute_s", v[3]},
+                        {"overlap", {{"compute_s", v[kOverlapCompute]},
+                                     {"allreduce_s", v[kOverlapAllReduce]}}},
                         {"update_s", v[4]},
                         {"reduce_s_per_byte", v[5]}});
     latency = std::max(latency, v[0]);
@@ -358,6 +413,7 @@ void RunProbe(const ProbeArgs& args) {
   // ranks, so one rank preempted while it measured (a shared host) does not set them.
   std::vector<double> compute_by_rank;
   double allreduce_small = 0, allreduce_mid = 0, allreduce_large = 0;  // the slowest rank's
+  double overlap_compute = 0, overlap_allreduce = 0;                    // the slowest rank's
   {
     std::vector<double> rho, ovh;
     for (int r = 0; r < env.world_size; ++r) {
@@ -367,6 +423,8 @@ void RunProbe(const ProbeArgs& args) {
       allreduce_small = std::max(allreduce_small, all[kFields * r + 7]);
       allreduce_mid = std::max(allreduce_mid, all[kFields * r + 8]);
       allreduce_large = std::max(allreduce_large, all[kFields * r + 9]);
+      overlap_compute = std::max(overlap_compute, all[kFields * r + kOverlapCompute]);
+      overlap_allreduce = std::max(overlap_allreduce, all[kFields * r + kOverlapAllReduce]);
     }
     overhead = Median(ovh);
     reduce = Median(rho);
@@ -425,6 +483,19 @@ void RunProbe(const ProbeArgs& args) {
                   latency * 1e6, reduce * 1e9, ring / 1e6);
     }
   }
+  // How much each thread slows the other where they run at once (1: not at all); the model's
+  // width-2 prediction uses them.
+  const double compute_factor =
+      env.world_size > 1 && compute > 0 ? std::max(1.0, overlap_compute / compute) : 1.0;
+  const double allreduce_factor = env.world_size > 1 && allreduce_large > 0
+                                      ? std::max(1.0, overlap_allreduce / allreduce_large)
+                                      : 1.0;
+  if (env.world_size > 1) {
+    std::printf("# compute and AllReduce at once (every rank, %llu B chunks), slowest rank: "
+                "compute %.3f ms per step (%.2fx alone), AllReduce %.3f ms (%.2fx alone)\n",
+                static_cast<unsigned long long>(kLargeChunk), overlap_compute * 1e3,
+                compute_factor, overlap_allreduce * 1e3, allreduce_factor);
+  }
   std::printf("# for the model: the slowest link and the slowest rank: latency %.1f us, bandwidth "
               "%.2f MB/s fitted to the ring's AllReduce (%.2f MB/s a link alone), compute %.3f ms, "
               "update %.3f ms; median over ranks: chunk overhead %.2f us, reduce %.4f ns/B\n",
@@ -444,6 +515,11 @@ void RunProbe(const ProbeArgs& args) {
                         {"stream_chunk_overhead_s", stream_overhead},
                         {"contention", contention},
                         {"bandwidth_fitted", bandwidth_fitted},
+                        {"overlap_compute_factor", compute_factor},
+                        {"overlap_allreduce_factor", allreduce_factor},
+                        {"overlap", {{"chunk_bytes", kLargeChunk},
+                                     {"compute_s", overlap_compute},
+                                     {"allreduce_s", overlap_allreduce}}},
                         {"allreduce_s", {{std::to_string(kSmallChunk), allreduce_small},
                                          {std::to_string(kMidChunk), allreduce_mid},
                                          {std::to_string(kLargeChunk), allreduce_large}}},
@@ -461,194 +537,6 @@ void RunProbe(const ProbeArgs& args) {
     if (!out) Throw(ErrorCode::kIo, "probe --json {}: cannot write", args.json_path);
   }
   if (env.relay) env.relay->Goodbye();  // a normal end (transport/failure_relay.h)
-}
-
-// What the probe measured, over its ranks, beside what the model makes of the same inputs:
-// the compute (the model takes the slowest rank's) and the AllReduce of the model at each chunk
-// size timed. Nothing for a probe of an older version, which did not record them.
-std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::string& path,
-                                     const train::TimingInputs& in) {
-  std::vector<std::string> lines;
-  if (!probe.is_object() || !probe.contains("per_rank")) return lines;
-  auto spread = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return fmt::format("{:.3f} / {:.3f} / {:.3f} ms", v.front() * 1e3, Median(v) * 1e3,
-                       v.back() * 1e3);
-  };
-  try {
-    const auto& per_rank = probe.at("per_rank");
-    if (per_rank.empty()) return lines;
-    std::vector<double> compute;
-    std::map<double, std::vector<double>> allreduce;  // by chunk size
-    for (const auto& r : per_rank) {
-      compute.push_back(r.at("compute_s").get<double>());
-      if (r.contains("allreduce_s")) {
-        for (const auto& [chunk, sec] : r.at("allreduce_s").items()) {
-          allreduce[std::strtod(chunk.c_str(), nullptr)].push_back(sec.get<double>());
-        }
-      }
-    }
-    lines.push_back(fmt::format("measured by the probe on {} ranks (min / median / max): compute "
-                                "{}; the model takes the slowest, {:.3f} ms",
-                                per_rank.size(), spread(compute), in.compute_s * 1e3));
-    for (const auto& [chunk, secs] : allreduce) {
-      lines.push_back(fmt::format(
-          "measured AllReduce (none) at {:.0f} B chunks: {}; the model gives {:.3f} ms ({:+.1f}% "
-          "of the slowest rank's)",
-          chunk, spread(secs), train::RingAllReduceTime(in, train::CodecCost{}, chunk) * 1e3,
-          100 * (train::RingAllReduceTime(in, train::CodecCost{}, chunk) /
-                     *std::max_element(secs.begin(), secs.end()) -
-                 1)));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    Throw(ErrorCode::kInvalidArgument, "model --probe {}: per_rank is not a probe's: {}", path,
-          e.what());
-  }
-  return lines;
-}
-
-void RunModel(const ModelArgs& a) {
-  train::TimingInputs in;
-  std::vector<train::CodecCost> codecs;
-  nlohmann::json probe;  // the probe's result, if given
-  if (!a.probe_json.empty()) {
-    std::ifstream f(a.probe_json);
-    if (!f) Throw(ErrorCode::kIo, "model --probe {}: cannot read", a.probe_json);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(f);
-      probe = j;
-      in.workers = j.at("workers").get<int>();
-      in.model_bytes = j.at("model_bytes").get<double>();
-      in.latency_s = j.at("latency_s").get<double>();
-      in.bandwidth_Bps = j.at("bandwidth_Bps").get<double>();
-      in.chunk_overhead_s = j.at("chunk_overhead_s").get<double>();
-      in.contention = j.value("contention", 0.0);  // earlier probes: none
-      in.compute_s = j.at("compute_s").get<double>();
-      in.update_s = j.at("update_s").get<double>();
-      in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
-      for (const auto& c : j.at("codecs")) {
-        codecs.push_back({c.at("name").get<std::string>(), c.at("ratio").get<double>(),
-                          c.at("s_per_byte").get<double>()});
-      }
-    } catch (const nlohmann::json::exception& e) {
-      Throw(ErrorCode::kInvalidArgument, "model --probe {}: not a probe result: {}", a.probe_json,
-            e.what());
-    }
-  } else {
-    in.workers = 4;
-    in.bandwidth_Bps = 0;
-    in.latency_s = -1;
-    in.compute_s = -1;
-  }
-  if (a.workers > 0) in.workers = a.workers;
-  if (a.model_bytes > 0) in.model_bytes = a.model_bytes;
-  if (a.latency_s >= 0) in.latency_s = a.latency_s;
-  if (a.link_rate_bps > 0) in.bandwidth_Bps = a.link_rate_bps / 8;
-  if (a.bandwidth_Bps > 0) in.bandwidth_Bps = a.bandwidth_Bps;
-  if (a.compute_s >= 0) in.compute_s = a.compute_s;
-  if (a.update_s >= 0) in.update_s = a.update_s;
-  if (a.reduce_s_per_byte >= 0) in.reduce_s_per_byte = a.reduce_s_per_byte;
-  if (a.chunk_overhead_s >= 0) in.chunk_overhead_s = a.chunk_overhead_s;
-  if (a.contention >= 0) in.contention = a.contention;
-  std::vector<std::string> missing;
-  if (in.model_bytes <= 0) missing.push_back("--model-bytes (> 0)");
-  if (in.latency_s < 0) missing.push_back("--latency-s (>= 0)");
-  if (in.bandwidth_Bps <= 0) missing.push_back("--bandwidth-Bps or --link-rate (> 0)");
-  if (in.compute_s < 0) missing.push_back("--compute-s (>= 0)");
-  if (!missing.empty()) {
-    Throw(ErrorCode::kInvalidArgument, "model: give {} (or --probe FILE from pipesgd probe --json)",
-          fmt::join(missing, ", "));
-  }
-  if (codecs.empty()) {
-    // Without a probe: ratios of the codecs, their CPU cost unknown (0).
-    // Ratios of a 256 Ki-element chunk, as the probe measures them.
-    codecs = {{"none", 1, 0}, {"trunc16", 2, 0}, {"fp16", 2, 0}};
-    for (const char* name : {"q8", "q4", "sign1"}) {
-      CodecOptions copt;
-      copt.kind = ParseCodecKind(name);
-      const size_t chunk = 1 << 18;
-      codecs.push_back({name, 4.0 * chunk / static_cast<double>(MakeCodec(copt)->EncodedBytes(chunk)), 0});
-    }
-  }
-  const std::vector<double> chunks =
-      a.chunk_bytes > 0 ? std::vector<double>{a.chunk_bytes} : train::DefaultChunkSizes();
-  const train::ModelReport report = train::PredictAll(in, codecs, chunks);
-
-  std::printf("# pipesgd model: W=%d workers, M=%.0f bytes, alpha=%.1f us, B=%.3f MB/s, C=%.3f ms, "
-              "U=%.3f ms, rho=%.4f ns/B, o=%.2f us, gamma=%.3f\n",
-              in.workers, in.model_bytes, in.latency_s * 1e6, in.bandwidth_Bps / 1e6,
-              in.compute_s * 1e3, in.update_s * 1e3, in.reduce_s_per_byte * 1e9,
-              in.chunk_overhead_s * 1e6, in.contention);
-  // Each row next to what it is made of: C + U, the communication, and for the ring schemes
-  // T_AR's terms (docs/timing_models.md) with the one that sets it; "vs none" is what the
-  // row's codec gains its scheme.
-  std::printf("# %-9s %-7s %9s %10s %8s %8s | %9s %9s %7s %9s %9s %9s %9s %5s %s\n", "scheme",
-              "codec", "chunk(B)", "iter(ms)", "vs best", "vs none", "C+U(ms)", "comm(ms)", "m",
-              "alpha(ms)", "link(ms)", "cpu(ms)", "fill(ms)", "gamma", "bound");
-  nlohmann::json rows = nlohmann::json::array();
-  for (const auto& row : report.rows) {
-    double none_s = row.iteration_s;
-    for (const auto& other : report.rows) {
-      if (other.scheme == row.scheme && other.codec == "none") none_s = other.iteration_s;
-    }
-    const bool ring = row.chunk_bytes > 0;
-    const train::RingTerms& t = row.ring;
-    const char* bound = row.comm_s > row.compute_s ? "comm" : "compute";
-    if (ring && row.comm_s > row.compute_s) bound = t.link_s >= t.cpu_s ? "comm:link" : "comm:cpu";
-    std::printf("  %-9s %-7s %9s %10.3f %7.2fx %7.2fx | %9.3f %9.3f %7s %9s %9s %9s %9s %5s %s\n",
-                row.scheme.c_str(), row.codec.c_str(),
-                ring ? fmt::format("{:.0f}", row.chunk_bytes).c_str() : "-", row.iteration_s * 1e3,
-                row.iteration_s / report.best.iteration_s, row.iteration_s / none_s,
-                row.compute_s * 1e3, row.comm_s * 1e3,
-                ring ? fmt::format("{:.0f}", t.chunks_per_block).c_str() : "-",
-                ring ? fmt::format("{:.3f}", t.latency_s * 1e3).c_str() : "-",
-                ring ? fmt::format("{:.3f}", t.link_s * 1e3).c_str() : "-",
-                ring ? fmt::format("{:.3f}", t.cpu_s * 1e3).c_str() : "-",
-                ring ? fmt::format("{:.3f}", t.tail_s * 1e3).c_str() : "-",
-                ring ? fmt::format("{:.3f}", in.contention).c_str() : "-", bound);
-    nlohmann::json r = {{"scheme", row.scheme},   {"codec", row.codec},
-                        {"chunk_bytes", row.chunk_bytes}, {"iteration_s", row.iteration_s},
-                        {"vs_none", row.iteration_s / none_s}, {"compute_s", row.compute_s},
-                        {"comm_s", row.comm_s}};
-    if (ring) {
-      r["ring_terms"] = {{"chunks_per_block", t.chunks_per_block}, {"latency_s", t.latency_s},
-                         {"link_s", t.link_s}, {"cpu_s", t.cpu_s}, {"tail_s", t.tail_s}};
-    }
-    rows.push_back(r);
-  }
-  for (const std::string& line : ProbeSpread(probe, a.probe_json, in)) std::printf("# %s\n", line.c_str());
-  const double t_ar = train::RingAllReduceTime(
-      in, codecs[0], train::BestChunkBytes(in, codecs[0], chunks));
-  std::printf("# AllReduce (none) %.3f ms vs compute + update %.3f ms: %s-bound\n", t_ar * 1e3,
-              (in.compute_s + in.update_s) * 1e3,
-              t_ar > in.compute_s + in.update_s ? "communication" : "compute");
-  std::printf("best: %s, compression %s, pipeline width %d, chunk %s: %.3f ms per iteration\n",
-              report.best.scheme.c_str(), report.best.codec.c_str(), report.best_width,
-              report.best.chunk_bytes > 0 ? fmt::format("{:.0f} B", report.best.chunk_bytes).c_str()
-                                          : "-",
-              report.best.iteration_s * 1e3);
-  if (!a.json_path.empty()) {
-    nlohmann::json j = {{"workers", in.workers},
-                        {"model_bytes", in.model_bytes},
-                        {"latency_s", in.latency_s},
-                        {"bandwidth_Bps", in.bandwidth_Bps},
-                        {"compute_s", in.compute_s},
-                        {"update_s", in.update_s},
-                        {"reduce_s_per_byte", in.reduce_s_per_byte},
-                        {"chunk_overhead_s", in.chunk_overhead_s},
-                        {"contention", in.contention},
-                        {"allreduce_s", t_ar},
-                        {"rows", rows},
-                        {"best", {{"scheme", report.best.scheme},
-                                  {"codec", report.best.codec},
-                                  {"width", report.best_width},
-                                  {"chunk_bytes", report.best.chunk_bytes},
-                                  {"iteration_s", report.best.iteration_s}}}};
-    std::ofstream out(a.json_path);
-    out << j.dump(2) << "\n";
-    if (!out) Throw(ErrorCode::kIo, "model --json {}: cannot write", a.json_path);
-  }
 }
 
 }  // namespace pipesgd::launcher

@@ -131,7 +131,9 @@ TEST(CnnJob, CiSizedRunReachesAccuracy) {
   ASSERT_NE(at, std::string::npos) << r.out;
   const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
   const bool onednn = line.find("onednn") != std::string::npos;
-  if (onednn) EXPECT_NE(line.find("OpenMP, 1 thread(s)"), std::string::npos) << line;
+  if (onednn) {
+    EXPECT_NE(line.find("OpenMP, 1 thread(s)"), std::string::npos) << line;
+  }
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     EXPECT_NE(r.out.find("OMP_NUM_THREADS=1"), std::string::npos) << "the launcher's notice";
   }
@@ -836,6 +838,21 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
     EXPECT_EQ(j["bandwidth_Bps"].get<double>(), j["ring_exchange_bandwidth_Bps"].get<double>());
     EXPECT_GE(std::stod(m4[6]), std::stod(m4[3])) << m4[0];
   }
+  // Compute and AllReduce timed at once on every rank: each factor the slowest rank's time over
+  // its time alone, at least 1.
+  double overlap_compute = 0, overlap_allreduce = 0;
+  for (const auto& rank : j["per_rank"]) {
+    EXPECT_GT(rank["overlap"]["compute_s"].get<double>(), 0) << rank.dump();
+    EXPECT_GT(rank["overlap"]["allreduce_s"].get<double>(), 0) << rank.dump();
+    overlap_compute = std::max(overlap_compute, rank["overlap"]["compute_s"].get<double>());
+    overlap_allreduce = std::max(overlap_allreduce, rank["overlap"]["allreduce_s"].get<double>());
+  }
+  EXPECT_EQ(j["overlap"]["compute_s"].get<double>(), overlap_compute);
+  EXPECT_EQ(j["overlap"]["allreduce_s"].get<double>(), overlap_allreduce);
+  EXPECT_EQ(j["overlap_compute_factor"].get<double>(),
+            std::max(1.0, overlap_compute / compute_max));
+  EXPECT_EQ(j["overlap_allreduce_factor"].get<double>(),
+            std::max(1.0, overlap_allreduce / j["allreduce_s"]["16777216"].get<double>()));
   const double gamma = j["contention"].get<double>();
   const double mid = std::stod(m4[2]), model_mid = std::stod(m4[5]);
   if (gamma == 1) {

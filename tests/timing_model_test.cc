@@ -136,12 +136,33 @@ TEST(TimingModel, RingTermsAddUpToTheTime) {
   EXPECT_EQ(t.total_s, RingAllReduceTime(in, {"q8", 4, 2e-9}, 2.5e5));
 }
 
+TEST(TimingModel, WidthTwoOverlapSlowsByTheMeasuredFactors) {
+  TimingInputs in = Lab();  // a = C + U = 0.011, b = T_AR = 0.0546 at 1 MB chunks
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0546, 1e-12);  // factors 1: max(a, b)
+  in.overlap_compute_factor = 2;
+  in.overlap_allreduce_factor = 2;
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.011 + 0.0546, 1e-12);  // one core: a + b
+  // Compute 1.5x slower while the AllReduce runs, the AllReduce 4x: compute ends at 0.0165, by
+  // when the AllReduce has done 0.0165 / 4 of its 0.0546 and does the rest at full speed.
+  in.overlap_compute_factor = 1.5;
+  in.overlap_allreduce_factor = 4;
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0165 + 0.0546 - 0.0165 / 4, 1e-12);
+  // Compute the longer: the AllReduce (0.0546 x 1.1) ends first, compute goes on alone.
+  in.compute_s = 0.2;
+  in.overlap_compute_factor = 1.2;
+  in.overlap_allreduce_factor = 1.1;
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0546 * 1.1 + 0.201 - 0.0546 * 1.1 / 1.2, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 1), 0.201 + 0.0546, 1e-12);  // width 1: no overlap
+}
+
 TEST(TimingModel, PredictAllPicksTheFastest) {
   const ModelReport report =
       PredictAll(Lab(), {kNone, {"q8", 4, 2e-9}}, std::vector<double>{1e6});
   ASSERT_EQ(report.rows.size(), 6u);  // ps_sync, ps_async (none only), ring_sync and pipe_k2 x 2
   for (const SchemePrediction& row : report.rows) {
-    if (row.scheme.rfind("ps_", 0) == 0) EXPECT_EQ(row.codec, "none") << row.scheme;
+    if (row.scheme.rfind("ps_", 0) == 0) {
+      EXPECT_EQ(row.codec, "none") << row.scheme;
+    }
   }
   // pipe_k2 with q8: max(0.011, 0.03666).
   EXPECT_EQ(report.best.scheme, "pipe_k2");

@@ -104,7 +104,11 @@ double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk
 double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, int width) {
   PSGD_CHECK_GE(width, 1);
   if (width == 1) return RingSyncTime(in, codec, chunk_bytes);
-  return std::max(in.compute_s + in.update_s, RingAllReduceTime(in, codec, chunk_bytes));
+  PSGD_CHECK(in.overlap_compute_factor >= 1 && in.overlap_allreduce_factor >= 1);
+  const double a = in.compute_s + in.update_s, b = RingAllReduceTime(in, codec, chunk_bytes);
+  const double fc = in.overlap_compute_factor, fa = in.overlap_allreduce_factor;
+  if (a * fc <= b * fa) return a * fc + b - a * fc / fa;
+  return b * fa + a - b * fa / fc;
 }
 
 double PsSyncTime(const TimingInputs& in, const CodecCost& codec) {

@@ -28,6 +28,11 @@ struct TimingInputs {
   // longer. 0: a NIC moves the bytes while the core reduces (the terms overlap fully); 1: the
   // same cores copy the bytes (loopback, a kernel TCP stack on a busy node), so they add.
   double contention = 0;
+  // How much slower the compute (f_c) and the AllReduce (f_a) run while the other runs at the
+  // same time on every rank, >= 1 (1: not at all, as where a NIC and spare cores do the
+  // communication). `pipesgd probe` times both at once; they set width 2's overlap.
+  double overlap_compute_factor = 1;
+  double overlap_allreduce_factor = 1;
 };
 
 // A gradient codec as the model sees it.
@@ -62,8 +67,12 @@ RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, dou
 // Synchronous ring SGD (pipeline width 1): C + U + T_AR.
 double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
 
-// Pipe-SGD of width K: K = 1 is RingSyncTime; K >= 2: max(C + U, T_AR) (compute and
-// communication overlap fully; a wider pipeline cannot beat the slower of the two).
+// Pipe-SGD of width K: K = 1 is RingSyncTime; K >= 2: compute (a = C + U) and communication
+// (b = T_AR) run at once, each slowed by the other's factor while both run, the one left after
+// the other ends at full speed (a wider pipeline cannot beat that):
+//   a f_c <= b f_a:  a f_c + b - a f_c / f_a       (the AllReduce ends last)
+//   otherwise:       b f_a + a - b f_a / f_c
+// Factors of 1 give max(a, b) (full overlap); factors of 2 give a + b (one core, shared fairly).
 double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, int width);
 
 // Synchronous parameter server, one dedicated server, W workers (papers.md 1.5, first row):

@@ -1,0 +1,229 @@
+// `pipesgd model` (launcher/timing.h): the timing models of core/train/timing_model.h from the
+// command line or from a probe's JSON, each scheme beside the terms it is made of.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.h"
+#include "core/base/measure.h"
+#include "core/collective/codec.h"
+#include "core/train/timing_model.h"
+#include "launcher/timing.h"
+
+namespace pipesgd::launcher {
+namespace {
+
+// What the probe measured, over its ranks, beside what the model makes of the same inputs:
+// the compute (the model takes the slowest rank's) and the AllReduce of the model at each chunk
+// size timed. Nothing for a probe of an older version, which did not record them.
+std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::string& path,
+                                     const train::TimingInputs& in) {
+  std::vector<std::string> lines;
+  if (!probe.is_object() || !probe.contains("per_rank")) return lines;
+  auto spread = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return fmt::format("{:.3f} / {:.3f} / {:.3f} ms", v.front() * 1e3, Median(v) * 1e3,
+                       v.back() * 1e3);
+  };
+  try {
+    const auto& per_rank = probe.at("per_rank");
+    if (per_rank.empty()) return lines;
+    std::vector<double> compute;
+    std::map<double, std::vector<double>> allreduce;  // by chunk size
+    for (const auto& r : per_rank) {
+      compute.push_back(r.at("compute_s").get<double>());
+      if (r.contains("allreduce_s")) {
+        for (const auto& [chunk, sec] : r.at("allreduce_s").items()) {
+          allreduce[std::strtod(chunk.c_str(), nullptr)].push_back(sec.get<double>());
+        }
+      }
+    }
+    lines.push_back(fmt::format("measured by the probe on {} ranks (min / median / max): compute "
+                                "{}; the model takes the slowest, {:.3f} ms",
+                                per_rank.size(), spread(compute), in.compute_s * 1e3));
+    for (const auto& [chunk, secs] : allreduce) {
+      lines.push_back(fmt::format(
+          "measured AllReduce (none) at {:.0f} B chunks: {}; the model gives {:.3f} ms ({:+.1f}% "
+          "of the slowest rank's)",
+          chunk, spread(secs), train::RingAllReduceTime(in, train::CodecCost{}, chunk) * 1e3,
+          100 * (train::RingAllReduceTime(in, train::CodecCost{}, chunk) /
+                     *std::max_element(secs.begin(), secs.end()) -
+                 1)));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    Throw(ErrorCode::kInvalidArgument, "model --probe {}: per_rank is not a probe's: {}", path,
+          e.what());
+  }
+  return lines;
+}
+
+}  // namespace
+
+void RunModel(const ModelArgs& a) {
+  train::TimingInputs in;
+  std::vector<train::CodecCost> codecs;
+  nlohmann::json probe;  // the probe's result, if given
+  if (!a.probe_json.empty()) {
+    std::ifstream f(a.probe_json);
+    if (!f) Throw(ErrorCode::kIo, "model --probe {}: cannot read", a.probe_json);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+      probe = j;
+      in.workers = j.at("workers").get<int>();
+      in.model_bytes = j.at("model_bytes").get<double>();
+      in.latency_s = j.at("latency_s").get<double>();
+      in.bandwidth_Bps = j.at("bandwidth_Bps").get<double>();
+      in.chunk_overhead_s = j.at("chunk_overhead_s").get<double>();
+      in.contention = j.value("contention", 0.0);  // earlier probes: none
+      in.overlap_compute_factor = j.value("overlap_compute_factor", 1.0);
+      in.overlap_allreduce_factor = j.value("overlap_allreduce_factor", 1.0);
+      in.compute_s = j.at("compute_s").get<double>();
+      in.update_s = j.at("update_s").get<double>();
+      in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
+      for (const auto& c : j.at("codecs")) {
+        codecs.push_back({c.at("name").get<std::string>(), c.at("ratio").get<double>(),
+                          c.at("s_per_byte").get<double>()});
+      }
+    } catch (const nlohmann::json::exception& e) {
+      Throw(ErrorCode::kInvalidArgument, "model --probe {}: not a probe result: {}", a.probe_json,
+            e.what());
+    }
+  } else {
+    in.workers = 4;
+    in.bandwidth_Bps = 0;
+    in.latency_s = -1;
+    in.compute_s = -1;
+  }
+  if (a.workers > 0) in.workers = a.workers;
+  if (a.model_bytes > 0) in.model_bytes = a.model_bytes;
+  if (a.latency_s >= 0) in.latency_s = a.latency_s;
+  if (a.link_rate_bps > 0) in.bandwidth_Bps = a.link_rate_bps / 8;
+  if (a.bandwidth_Bps > 0) in.bandwidth_Bps = a.bandwidth_Bps;
+  if (a.compute_s >= 0) in.compute_s = a.compute_s;
+  if (a.update_s >= 0) in.update_s = a.update_s;
+  if (a.reduce_s_per_byte >= 0) in.reduce_s_per_byte = a.reduce_s_per_byte;
+  if (a.chunk_overhead_s >= 0) in.chunk_overhead_s = a.chunk_overhead_s;
+  if (a.contention >= 0) in.contention = a.contention;
+  for (const auto& [name, f] : {std::pair{"overlap_compute_factor", in.overlap_compute_factor},
+                                std::pair{"overlap_allreduce_factor", in.overlap_allreduce_factor}}) {
+    if (!(f >= 1)) {
+      Throw(ErrorCode::kInvalidArgument, "model --probe {}: {} = {}: expected a number >= 1",
+            a.probe_json, name, f);
+    }
+  }
+  std::vector<std::string> missing;
+  if (in.model_bytes <= 0) missing.push_back("--model-bytes (> 0)");
+  if (in.latency_s < 0) missing.push_back("--latency-s (>= 0)");
+  if (in.bandwidth_Bps <= 0) missing.push_back("--bandwidth-Bps or --link-rate (> 0)");
+  if (in.compute_s < 0) missing.push_back("--compute-s (>= 0)");
+  if (!missing.empty()) {
+    Throw(ErrorCode::kInvalidArgument, "model: give {} (or --probe FILE from pipesgd probe --json)",
+          fmt::join(missing, ", "));
+  }
+  if (codecs.empty()) {
+    // Without a probe: ratios of the codecs, their CPU cost unknown (0).
+    // Ratios of a 256 Ki-element chunk, as the probe measures them.
+    codecs = {{"none", 1, 0}, {"trunc16", 2, 0}, {"fp16", 2, 0}};
+    for (const char* name : {"q8", "q4", "sign1"}) {
+      CodecOptions copt;
+      copt.kind = ParseCodecKind(name);
+      const size_t chunk = 1 << 18;
+      codecs.push_back({name, 4.0 * chunk / static_cast<double>(MakeCodec(copt)->EncodedBytes(chunk)), 0});
+    }
+  }
+  const std::vector<double> chunks =
+      a.chunk_bytes > 0 ? std::vector<double>{a.chunk_bytes} : train::DefaultChunkSizes();
+  const train::ModelReport report = train::PredictAll(in, codecs, chunks);
+
+  std::printf("# pipesgd model: W=%d workers, M=%.0f bytes, alpha=%.1f us, B=%.3f MB/s, C=%.3f ms, "
+              "U=%.3f ms, rho=%.4f ns/B, o=%.2f us, gamma=%.3f, width 2's overlap f_c=%.2f "
+              "f_a=%.2f\n",
+              in.workers, in.model_bytes, in.latency_s * 1e6, in.bandwidth_Bps / 1e6,
+              in.compute_s * 1e3, in.update_s * 1e3, in.reduce_s_per_byte * 1e9,
+              in.chunk_overhead_s * 1e6, in.contention, in.overlap_compute_factor,
+              in.overlap_allreduce_factor);
+  // Each row next to what it is made of: C + U, the communication, and for the ring schemes
+  // T_AR's terms (docs/timing_models.md) with the one that sets it; "vs none" is what the
+  // row's codec gains its scheme.
+  std::printf("# %-9s %-7s %9s %10s %8s %8s | %9s %9s %7s %9s %9s %9s %9s %5s %s\n", "scheme",
+              "codec", "chunk(B)", "iter(ms)", "vs best", "vs none", "C+U(ms)", "comm(ms)", "m",
+              "alpha(ms)", "link(ms)", "cpu(ms)", "fill(ms)", "gamma", "bound");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& row : report.rows) {
+    double none_s = row.iteration_s;
+    for (const auto& other : report.rows) {
+      if (other.scheme == row.scheme && other.codec == "none") none_s = other.iteration_s;
+    }
+    const bool ring = row.chunk_bytes > 0;
+    const train::RingTerms& t = row.ring;
+    const char* bound = row.comm_s > row.compute_s ? "comm" : "compute";
+    if (ring && row.comm_s > row.compute_s) bound = t.link_s >= t.cpu_s ? "comm:link" : "comm:cpu";
+    std::printf("  %-9s %-7s %9s %10.3f %7.2fx %7.2fx | %9.3f %9.3f %7s %9s %9s %9s %9s %5s %s\n",
+                row.scheme.c_str(), row.codec.c_str(),
+                ring ? fmt::format("{:.0f}", row.chunk_bytes).c_str() : "-", row.iteration_s * 1e3,
+                row.iteration_s / report.best.iteration_s, row.iteration_s / none_s,
+                row.compute_s * 1e3, row.comm_s * 1e3,
+                ring ? fmt::format("{:.0f}", t.chunks_per_block).c_str() : "-",
+                ring ? fmt::format("{:.3f}", t.latency_s * 1e3).c_str() : "-",
+                ring ? fmt::format("{:.3f}", t.link_s * 1e3).c_str() : "-",
+                ring ? fmt::format("{:.3f}", t.cpu_s * 1e3).c_str() : "-",
+                ring ? fmt::format("{:.3f}", t.tail_s * 1e3).c_str() : "-",
+                ring ? fmt::format("{:.3f}", in.contention).c_str() : "-", bound);
+    nlohmann::json r = {{"scheme", row.scheme},   {"codec", row.codec},
+                        {"chunk_bytes", row.chunk_bytes}, {"iteration_s", row.iteration_s},
+                        {"vs_none", row.iteration_s / none_s}, {"compute_s", row.compute_s},
+                        {"comm_s", row.comm_s}};
+    if (ring) {
+      r["ring_terms"] = {{"chunks_per_block", t.chunks_per_block}, {"latency_s", t.latency_s},
+                         {"link_s", t.link_s}, {"cpu_s", t.cpu_s}, {"tail_s", t.tail_s}};
+    }
+    rows.push_back(r);
+  }
+  for (const std::string& line : ProbeSpread(probe, a.probe_json, in)) {
+    std::printf("# %s\n", line.c_str());
+  }
+  const double t_ar = train::RingAllReduceTime(
+      in, codecs[0], train::BestChunkBytes(in, codecs[0], chunks));
+  std::printf("# AllReduce (none) %.3f ms vs compute + update %.3f ms: %s-bound\n", t_ar * 1e3,
+              (in.compute_s + in.update_s) * 1e3,
+              t_ar > in.compute_s + in.update_s ? "communication" : "compute");
+  std::printf("best: %s, compression %s, pipeline width %d, chunk %s: %.3f ms per iteration\n",
+              report.best.scheme.c_str(), report.best.codec.c_str(), report.best_width,
+              report.best.chunk_bytes > 0 ? fmt::format("{:.0f} B", report.best.chunk_bytes).c_str()
+                                          : "-",
+              report.best.iteration_s * 1e3);
+  if (!a.json_path.empty()) {
+    nlohmann::json j = {{"workers", in.workers},
+                        {"model_bytes", in.model_bytes},
+                        {"latency_s", in.latency_s},
+                        {"bandwidth_Bps", in.bandwidth_Bps},
+                        {"compute_s", in.compute_s},
+                        {"update_s", in.update_s},
+                        {"reduce_s_per_byte", in.reduce_s_per_byte},
+                        {"chunk_overhead_s", in.chunk_overhead_s},
+                        {"contention", in.contention},
+                        {"overlap_compute_factor", in.overlap_compute_factor},
+                        {"overlap_allreduce_factor", in.overlap_allreduce_factor},
+                        {"allreduce_s", t_ar},
+                        {"rows", rows},
+                        {"best", {{"scheme", report.best.scheme},
+                                  {"codec", report.best.codec},
+                                  {"width", report.best_width},
+                                  {"chunk_bytes", report.best.chunk_bytes},
+                                  {"iteration_s", report.best.iteration_s}}}};
+    std::ofstream out(a.json_path);
+    out << j.dump(2) << "\n";
+    if (!out) Throw(ErrorCode::kIo, "model --json {}: cannot write", a.json_path);
+  }
+}
+
+}  // namespace pipesgd::launcher
