@@ -352,6 +352,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   model_cmd->add_option("--update-s", model.update_s, "U: optimizer update, seconds")
       ->check(CLI::NonNegativeNumber);
+  model_cmd->add_option("--pipelined-update-s", model.pipelined_update_s,
+                        "U_K: the update at width >= 2 with its staleness compensation, seconds "
+                        "(default: U)")
+      ->check(CLI::NonNegativeNumber);
   model_cmd->add_option("--reduce-s-per-byte", model.reduce_s_per_byte, "rho: float32 add, seconds per byte")
       ->check(CLI::NonNegativeNumber);
   model_cmd->add_option("--chunk-overhead-s", model.chunk_overhead_s, "o: cost of one chunk message, seconds")

@@ -1,6 +1,7 @@
 // `pipesgd model` (launcher/timing.h): the timing models of core/train/timing_model.h from the
 // command line or from a probe's JSON, each scheme beside the terms it is made of.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -46,6 +47,10 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
         }
       }
     }
+    std::vector<double> sync_step;
+    for (const auto& r : per_rank) {
+      if (r.contains("sync_step_s")) sync_step.push_back(r.at("sync_step_s").get<double>());
+    }
     lines.push_back(fmt::format("measured by the probe on {} ranks (min / median / max): compute "
                                 "{}; the model takes the slowest, {:.3f} ms",
                                 per_rank.size(), spread(compute), in.compute_s * 1e3));
@@ -57,6 +62,15 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
           100 * (train::RingAllReduceTime(in, train::CodecCost{}, chunk) /
                      *std::max_element(secs.begin(), secs.end()) -
                  1)));
+    }
+    if (!sync_step.empty() && probe.contains("sync_step_s")) {
+      const double chunk = probe.at("sync_step_s").at("chunk_bytes").get<double>();
+      const double model = train::RingSyncTime(in, train::CodecCost{}, chunk);
+      lines.push_back(fmt::format(
+          "measured width-1 step (none) at {:.0f} B chunks: {}; the model gives {:.3f} ms ({:+.1f}% "
+          "of the slowest rank's)",
+          chunk, spread(sync_step), model * 1e3,
+          100 * (model / *std::max_element(sync_step.begin(), sync_step.end()) - 1)));
     }
   } catch (const nlohmann::json::exception& e) {
     Throw(ErrorCode::kInvalidArgument, "model --probe {}: per_rank is not a probe's: {}", path,
@@ -86,8 +100,16 @@ void RunModel(const ModelArgs& a) {
       in.contention = j.value("contention", 0.0);  // earlier probes: none
       in.overlap_compute_factor = j.value("overlap_compute_factor", 1.0);
       in.overlap_allreduce_factor = j.value("overlap_allreduce_factor", 1.0);
+      // Earlier probes: no CPU bound.
+      in.compute_cpu_share = j.value("compute_cpu_share", 0.0);
+      in.cpu_share = j.value("cpu_share", 0.0);
+      in.transport_cpu_s_per_byte = j.value("transport_cpu_s_per_byte", 0.0);
+      in.transport_cpu_s_per_message = j.value("transport_cpu_s_per_message", 0.0);
       in.compute_s = j.at("compute_s").get<double>();
       in.update_s = j.at("update_s").get<double>();
+      in.pipelined_update_s = j.value("pipelined_update_s", 0.0);  // earlier probes: U
+      in.sync_overhead_s = j.value("sync_overhead_s", 0.0);
+      in.big_message_cpu_s_per_byte = j.value("big_message_cpu_s_per_byte", 0.0);
       in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
       for (const auto& c : j.at("codecs")) {
         codecs.push_back({c.at("name").get<std::string>(), c.at("ratio").get<double>(),
@@ -110,6 +132,7 @@ void RunModel(const ModelArgs& a) {
   if (a.bandwidth_Bps > 0) in.bandwidth_Bps = a.bandwidth_Bps;
   if (a.compute_s >= 0) in.compute_s = a.compute_s;
   if (a.update_s >= 0) in.update_s = a.update_s;
+  if (a.pipelined_update_s >= 0) in.pipelined_update_s = a.pipelined_update_s;
   if (a.reduce_s_per_byte >= 0) in.reduce_s_per_byte = a.reduce_s_per_byte;
   if (a.chunk_overhead_s >= 0) in.chunk_overhead_s = a.chunk_overhead_s;
   if (a.contention >= 0) in.contention = a.contention;
@@ -118,6 +141,20 @@ void RunModel(const ModelArgs& a) {
     if (!(f >= 1)) {
       Throw(ErrorCode::kInvalidArgument, "model --probe {}: {} = {}: expected a number >= 1",
             a.probe_json, name, f);
+    }
+  }
+  for (const auto& [name, v] : {std::pair{"compute_cpu_share", in.compute_cpu_share},
+                                std::pair{"cpu_share", in.cpu_share},
+                                std::pair{"pipelined_update_s", in.pipelined_update_s},
+                                std::pair{"sync_overhead_s", in.sync_overhead_s},
+                                std::pair{"big_message_cpu_s_per_byte",
+                                          in.big_message_cpu_s_per_byte},
+                                std::pair{"transport_cpu_s_per_byte", in.transport_cpu_s_per_byte},
+                                std::pair{"transport_cpu_s_per_message",
+                                          in.transport_cpu_s_per_message}}) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      Throw(ErrorCode::kInvalidArgument, "model --probe {}: {} = {}: expected a number >= 0",
+            a.probe_json, name, v);
     }
   }
   std::vector<std::string> missing;
@@ -145,18 +182,25 @@ void RunModel(const ModelArgs& a) {
   const train::ModelReport report = train::PredictAll(in, codecs, chunks);
 
   std::printf("# pipesgd model: W=%d workers, M=%.0f bytes, alpha=%.1f us, B=%.3f MB/s, C=%.3f ms, "
-              "U=%.3f ms, rho=%.4f ns/B, o=%.2f us, gamma=%.3f, width 2's overlap f_c=%.2f "
-              "f_a=%.2f\n",
+              "U=%.3f ms (U_K=%.3f ms), sigma=%.3f ms, rho=%.4f ns/B, o=%.2f us, gamma=%.3f, "
+              "width 2's overlap f_c=%.2f f_a=%.2f, CPU shares s_c=%.2f s=%.2f, transport CPU "
+              "%.3f ns/B %.2f us/message (%.3f ns/B in whole-model messages)\n",
               in.workers, in.model_bytes, in.latency_s * 1e6, in.bandwidth_Bps / 1e6,
-              in.compute_s * 1e3, in.update_s * 1e3, in.reduce_s_per_byte * 1e9,
-              in.chunk_overhead_s * 1e6, in.contention, in.overlap_compute_factor,
-              in.overlap_allreduce_factor);
+              in.compute_s * 1e3, in.update_s * 1e3, train::UpdateTime(in, 2) * 1e3,
+              in.sync_overhead_s * 1e3, in.reduce_s_per_byte * 1e9, in.chunk_overhead_s * 1e6,
+              in.contention, in.overlap_compute_factor, in.overlap_allreduce_factor,
+              in.compute_cpu_share, in.cpu_share, in.transport_cpu_s_per_byte * 1e9,
+              in.transport_cpu_s_per_message * 1e6, in.big_message_cpu_s_per_byte * 1e9);
+  if (in.compute_cpu_share <= 0) {
+    std::printf("# no CPU shares (a probe of an earlier version, or none): no CPU bound\n");
+  }
   // Each row next to what it is made of: C + U, the communication, and for the ring schemes
   // T_AR's terms (docs/timing_models.md) with the one that sets it; "vs none" is what the
   // row's codec gains its scheme.
-  std::printf("# %-9s %-7s %9s %10s %8s %8s | %9s %9s %7s %9s %9s %9s %9s %5s %s\n", "scheme",
-              "codec", "chunk(B)", "iter(ms)", "vs best", "vs none", "C+U(ms)", "comm(ms)", "m",
-              "alpha(ms)", "link(ms)", "cpu(ms)", "fill(ms)", "gamma", "bound");
+  std::printf("# %-9s %-7s %9s %10s %8s %8s | %9s %9s %7s %9s %9s %9s %9s %5s %9s %s\n",
+              "scheme", "codec", "chunk(B)", "iter(ms)", "vs best", "vs none", "C+U(ms)",
+              "comm(ms)", "m", "alpha(ms)", "link(ms)", "cpu(ms)", "fill(ms)", "gamma",
+              "cpubnd(ms)", "bound");
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : report.rows) {
     double none_s = row.iteration_s;
@@ -167,7 +211,9 @@ void RunModel(const ModelArgs& a) {
     const train::RingTerms& t = row.ring;
     const char* bound = row.comm_s > row.compute_s ? "comm" : "compute";
     if (ring && row.comm_s > row.compute_s) bound = t.link_s >= t.cpu_s ? "comm:link" : "comm:cpu";
-    std::printf("  %-9s %-7s %9s %10.3f %7.2fx %7.2fx | %9.3f %9.3f %7s %9s %9s %9s %9s %5s %s\n",
+    if (row.cpu_bound_s > 0 && row.cpu_bound_s >= row.iteration_s * (1 - 1e-9)) bound = "cpu";
+    std::printf("  %-9s %-7s %9s %10.3f %7.2fx %7.2fx | %9.3f %9.3f %7s %9s %9s %9s %9s %5s %9s "
+                "%s\n",
                 row.scheme.c_str(), row.codec.c_str(),
                 ring ? fmt::format("{:.0f}", row.chunk_bytes).c_str() : "-", row.iteration_s * 1e3,
                 row.iteration_s / report.best.iteration_s, row.iteration_s / none_s,
@@ -177,11 +223,14 @@ void RunModel(const ModelArgs& a) {
                 ring ? fmt::format("{:.3f}", t.link_s * 1e3).c_str() : "-",
                 ring ? fmt::format("{:.3f}", t.cpu_s * 1e3).c_str() : "-",
                 ring ? fmt::format("{:.3f}", t.tail_s * 1e3).c_str() : "-",
-                ring ? fmt::format("{:.3f}", in.contention).c_str() : "-", bound);
+                ring ? fmt::format("{:.3f}", in.contention).c_str() : "-",
+                row.cpu_bound_s > 0 ? fmt::format("{:.3f}", row.cpu_bound_s * 1e3).c_str() : "-",
+                bound);
     nlohmann::json r = {{"scheme", row.scheme},   {"codec", row.codec},
                         {"chunk_bytes", row.chunk_bytes}, {"iteration_s", row.iteration_s},
                         {"vs_none", row.iteration_s / none_s}, {"compute_s", row.compute_s},
-                        {"comm_s", row.comm_s}};
+                        {"comm_s", row.comm_s}, {"cpu_bound_s", row.cpu_bound_s},
+                        {"bound", bound}};
     if (ring) {
       r["ring_terms"] = {{"chunks_per_block", t.chunks_per_block}, {"latency_s", t.latency_s},
                          {"link_s", t.link_s}, {"cpu_s", t.cpu_s}, {"tail_s", t.tail_s}};
@@ -208,11 +257,18 @@ void RunModel(const ModelArgs& a) {
                         {"bandwidth_Bps", in.bandwidth_Bps},
                         {"compute_s", in.compute_s},
                         {"update_s", in.update_s},
+                        {"pipelined_update_s", train::UpdateTime(in, 2)},
+                        {"sync_overhead_s", in.sync_overhead_s},
+                        {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
                         {"reduce_s_per_byte", in.reduce_s_per_byte},
                         {"chunk_overhead_s", in.chunk_overhead_s},
                         {"contention", in.contention},
                         {"overlap_compute_factor", in.overlap_compute_factor},
                         {"overlap_allreduce_factor", in.overlap_allreduce_factor},
+                        {"compute_cpu_share", in.compute_cpu_share},
+                        {"cpu_share", in.cpu_share},
+                        {"transport_cpu_s_per_byte", in.transport_cpu_s_per_byte},
+                        {"transport_cpu_s_per_message", in.transport_cpu_s_per_message},
                         {"allreduce_s", t_ar},
                         {"rows", rows},
                         {"best", {{"scheme", report.best.scheme},

@@ -22,8 +22,10 @@
 #include "core/data/dataset.h"
 #include "core/train/classifier_task.h"
 #include "core/train/timing_model.h"
+#include "core/train/trainer.h"
 #include "core/job/config.h"
 #include "core/job/worker.h"
+#include "launcher/link_prober.h"
 #include "layers/model.h"
 
 namespace pipesgd::launcher {
@@ -33,12 +35,24 @@ using Clock = std::chrono::steady_clock;
 
 // latency, bandwidth (the link alone), overhead, compute, update, reduce, ring bandwidth, and
 // the job's own AllReduce of the model at kSmallChunk, kMidChunk and kLargeChunk, then the
-// compute and the kLargeChunk AllReduce while both run at once (kOverlapCompute, kOverlapAllReduce)
-constexpr int kFields = 12;
+// compute and the kLargeChunk AllReduce while both run at once (kOverlapCompute, kOverlapAllReduce),
+// the process's CPU time per second while computing (kComputeCpuShare) and while both run
+// (kCpuShare), and per AllReduce at each timed chunk size (kCpuAllReduce + i), the pipelined
+// update U_K, a real width-1 step (sigma), and the CPU per byte of whole-model messages
+constexpr int kFields = 22;
+constexpr int kPipelinedUpdate = 19;
+constexpr int kSyncStep = 20;
+constexpr int kExchangeCpu = 21;
+constexpr int kOverlapComputeCpu = 17;
+constexpr int kOverlapAllReduceCpu = 18;
 constexpr int kOverlapCompute = 10;
 constexpr int kOverlapAllReduce = 11;
+constexpr int kComputeCpuShare = 12;
+constexpr int kCpuShare = 13;
+constexpr int kCpuAllReduce = 14;
 // About how long the overlapped AllReduces run (seconds), in calls every rank agrees on.
 constexpr double kOverlapBudgetS = 0.5;
+constexpr double kSyncBudgetS = 0.4;
 // The ring's per-chunk cost shows only in a real AllReduce with many chunks (a wake-up, a header,
 // a reduction call per chunk): 4 KiB, the smallest chunk `pipesgd model` considers; the link's
 // rate with one chunk per block (16 MiB: the largest); how much the two overlap in between.
@@ -47,115 +61,6 @@ constexpr uint64_t kMidChunk = 64u << 10;
 constexpr uint64_t kLargeChunk = 16u << 20;
 constexpr uint64_t kTimedChunks[] = {kSmallChunk, kMidChunk, kLargeChunk};
 constexpr int kAllReduceReps = 10;
-constexpr size_t kBigBytes = 8u << 20;
-constexpr size_t kStreamBytes = 16u << 10;
-constexpr int kStreamMessages = 256;
-constexpr int kBigReps = 3;
-
-struct LinkNumbers {
-  double latency_s = 0, bandwidth_Bps = 0, overhead_s = 0;
-};
-
-class Prober {
- public:
-  Prober(transport::Transport& t, double timeout_s) : t_(t), timeout_s_(timeout_s) {}
-
-  void Send(transport::Connection& c, const void* data, size_t bytes) {
-    transport::Op op;
-    op.Set(data, bytes);
-    c.PostSend(op);
-    t_.Wait(op, Deadline::After(timeout_s_), "a probe message");
-  }
-  void Recv(transport::Connection& c, void* data, size_t bytes) {
-    transport::Op op;
-    op.Set(data, bytes);
-    c.PostRecv(op);
-    t_.Wait(op, Deadline::After(timeout_s_), "a probe message");
-  }
-
-  LinkNumbers Ping(transport::Connection& c, int pings) {
-    LinkNumbers out;
-    uint64_t word = 0;
-    std::vector<double> rtts;
-    for (int i = 0; i < 20 + pings; ++i) {
-      const auto t0 = Clock::now();
-      Send(c, &word, sizeof(word));
-      Recv(c, &word, sizeof(word));
-      if (i >= 20) rtts.push_back(SecondsSince(t0));
-    }
-    const double rtt = Median(rtts);
-    out.latency_s = rtt / 2;
-    big_.resize(kBigBytes);
-    std::vector<double> times;
-    for (int i = 0; i < 1 + kBigReps; ++i) {
-      const auto t0 = Clock::now();
-      Send(c, big_.data(), big_.size());
-      Recv(c, &word, sizeof(word));
-      if (i >= 1) times.push_back(SecondsSince(t0));
-    }
-    out.bandwidth_Bps = kBigBytes / std::max(1e-9, Median(times) - rtt);
-    std::vector<transport::Op> ops(kStreamMessages);
-    const auto t0 = Clock::now();
-    for (auto& op : ops) {
-      op.Set(big_.data(), kStreamBytes);
-      c.PostSend(op);
-    }
-    for (auto& op : ops) t_.Wait(op, Deadline::After(timeout_s_), "a probe message");
-    Recv(c, &word, sizeof(word));
-    const double t = SecondsSince(t0) - rtt;
-    out.overhead_s = std::max(0.0, t / kStreamMessages - kStreamBytes / out.bandwidth_Bps);
-    return out;
-  }
-
-  // Every rank at once sends kBigBytes to its right and receives as many from its left, as in a
-  // ring AllReduce step: what a link gives when every link and both directions of every rank
-  // are busy (the CPU that sends also receives). Bytes per second per direction, the median of
-  // kBigReps after one untimed.
-  double RingExchange(transport::Connection& right, transport::Connection& left) {
-    big_.resize(kBigBytes);
-    in_.resize(kBigBytes);
-    std::vector<double> times;
-    for (int i = 0; i < 1 + kBigReps; ++i) {
-      transport::Op send, recv;
-      recv.Set(in_.data(), in_.size());
-      left.PostRecv(recv);
-      const auto t0 = Clock::now();
-      send.Set(big_.data(), big_.size());
-      right.PostSend(send);
-      t_.Wait(send, Deadline::After(timeout_s_), "a ring probe message to the right");
-      t_.Wait(recv, Deadline::After(timeout_s_), "a ring probe message from the left");
-      if (i >= 1) times.push_back(SecondsSince(t0));
-    }
-    return kBigBytes / std::max(1e-9, Median(times));
-  }
-
-  void Pong(transport::Connection& c, int pings) {
-    uint64_t word = 0;
-    for (int i = 0; i < 20 + pings; ++i) {
-      Recv(c, &word, sizeof(word));
-      Send(c, &word, sizeof(word));
-    }
-    big_.resize(kBigBytes);
-    for (int i = 0; i < 1 + kBigReps; ++i) {
-      Recv(c, big_.data(), big_.size());
-      Send(c, &word, sizeof(word));
-    }
-    std::vector<transport::Op> ops(kStreamMessages);
-    for (auto& op : ops) {
-      op.Set(big_.data(), kStreamBytes);
-      c.PostRecv(op);
-    }
-    for (auto& op : ops) t_.Wait(op, Deadline::After(timeout_s_), "a probe message");
-    Send(c, &word, sizeof(word));
-  }
-
- private:
-  transport::Transport& t_;
-  double timeout_s_;
-  std::vector<char> big_;
-  std::vector<char> in_;
-};
-
 }  // namespace
 
 std::vector<std::string> ProbeWorkerCommand(const ProbeArgs& a) {
@@ -201,21 +106,47 @@ void RunProbe(const ProbeArgs& args) {
   for (int i = 0; i < 3; ++i) (void)task.ComputeGradient(i, params, grads);
   int64_t computed = 0;
   const auto compute_start = Clock::now();
+  const double compute_cpu0 = ProcessCpuSeconds();
   while (computed < args.compute_steps || SecondsSince(compute_start) < 1.5) {
     (void)task.ComputeGradient(3 + computed, params, grads);
     ++computed;
   }
-  const double compute_s = SecondsSince(compute_start) / static_cast<double>(computed);
+  const double compute_wall_s = SecondsSince(compute_start);
+  const double compute_s = compute_wall_s / static_cast<double>(computed);
+  // The CPU this rank gets while every rank computes: below 1 where ranks share cores or a
+  // quota holds the node back (the model's CPU bound).
+  const double my_compute_cpu_share = (ProcessCpuSeconds() - compute_cpu0) / compute_wall_s;
   std::vector<double> times;
+  // U: what a step does besides forward + backward (core/train/trainer.cc), averaged over 0.3 s,
+  // as C, so that both are times at the CPU share the rank gets. Width 1: check the aggregate
+  // for non-finite values and update. Width >= 2 with a staleness compensation (U_K) adds
+  // keeping the local gradient for the prediction and the next step's prediction, made in the
+  // same pass as the update.
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(), train_cfg.weight_decay()}, p);
   std::fill(grads.begin(), grads.end(), 1e-6f);
-  times.clear();
-  for (int i = 0; i < 10; ++i) {
-    const auto t0 = Clock::now();
-    sgd.Apply(params, grads);
-    times.push_back(SecondsSince(t0));
-  }
-  const double update_s = Median(times);
+  std::vector<float> local(p), predicted(p);
+  int64_t nonfinite = 0;
+  const auto time_update = [&](bool pipelined) {
+    const bool predicting = pipelined && train_cfg.staleness_compensation() != config::NONE;
+    const bool keep_local = pipelined && train_cfg.staleness_compensation() == config::LOCAL_GRADIENT;
+    int64_t updates = 0;
+    const auto start = Clock::now();
+    while (updates < 10 || SecondsSince(start) < 0.3) {
+      if (keep_local) std::copy(grads.begin(), grads.end(), local.begin());
+      nonfinite +=
+          std::count_if(grads.begin(), grads.end(), [](float g) { return !std::isfinite(g); });
+      if (predicting) {
+        sgd.ApplyAndPredict(params, grads, local, predicted);
+      } else {
+        sgd.Apply(params, grads);
+      }
+      ++updates;
+    }
+    return SecondsSince(start) / static_cast<double>(updates);
+  };
+  const double update_s = time_update(false);
+  const double pipelined_update_s = time_update(true);
+  if (nonfinite != 0) Throw(ErrorCode::kInternal, "probe: the update's gradient is not finite");
   // The reduction, averaged over 0.5 s for the same reason.
   std::vector<float> a(p, 1.0f), b(p, 2.0f);
   int64_t adds = 0;
@@ -257,7 +188,12 @@ void RunProbe(const ProbeArgs& args) {
                       {"s_per_byte", Median(times) / (4.0 * p)}});
   }
 
-  std::vector<double> mine = {0, 0, 0, compute_s, update_s, reduce_s_per_byte, 0, 0, 0, 0, 0, 0};
+  std::vector<double> mine(kFields, 0.0);
+  mine[3] = compute_s;
+  mine[4] = update_s;
+  mine[kPipelinedUpdate] = pipelined_update_s;
+  mine[5] = reduce_s_per_byte;
+  mine[kComputeCpuShare] = my_compute_cpu_share;
   std::vector<double> all(static_cast<size_t>(kFields) * env.world_size, 0.0);
   if (env.world_size > 1) {
     const int w = env.world_size, r = env.rank;
@@ -285,7 +221,11 @@ void RunProbe(const ProbeArgs& args) {
         prober.Pong(left, args.pings);
       }
     }
-    mine[6] = prober.RingExchange(right, left);
+    mine[6] = prober.RingExchange(right, left, kBigBytes, kBigReps).bandwidth_Bps;
+    // The PS schemes' messages, the whole model each: as many as make 32 MiB, at least 8.
+    mine[kExchangeCpu] =
+        prober.RingExchange(right, left, 4 * p, std::max<int>(8, (32u << 20) / (4 * p)))
+            .cpu_s_per_byte;
     // The job's AllReduce itself on these connections (a communicator per chunk size; the
     // transport stays the caller's), median of kAllReduceReps after 2 untimed.
     {
@@ -299,11 +239,14 @@ void RunProbe(const ProbeArgs& args) {
         auto ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left}, {&right},
                                                                   copt);
         times.clear();
+        double cpu0 = 0;
         for (int i = 0; i < 2 + kAllReduceReps; ++i) {
+          if (i == 2) cpu0 = ProcessCpuSeconds();
           const auto t0 = Clock::now();
           ring->AllReduce(values, collective::ReduceOp::kAverage, Deadline::After(job.comm().timeout_s()));
           if (i >= 2) times.push_back(SecondsSince(t0));
         }
+        mine[kCpuAllReduce + (field - 7)] = (ProcessCpuSeconds() - cpu0) / kAllReduceReps;
         mine[field++] = Median(times);
       }
       // Width 2's situation: this thread reduces while a second one computes, on every rank at
@@ -320,20 +263,23 @@ void RunProbe(const ProbeArgs& args) {
       const int calls = std::clamp(
           static_cast<int>(kOverlapBudgetS / std::max(1e-6, double(mean_large[0]))), 5, 100);
       std::atomic<bool> stop{false};
-      double compute_window_s = 0;
+      double compute_window_s = 0, compute_thread_cpu_s = 0;
       int64_t overlapped_steps = 0;
       const auto a0 = Clock::now();
+      const double overlap_cpu0 = ProcessCpuSeconds();
       std::exception_ptr compute_error;
       {
         std::jthread computer([&] {
           try {
             std::vector<float> cparams(params), cgrads(p);
             const auto c0 = Clock::now();
+            const double cpu0 = ThreadCpuSeconds();
             while (!stop.load(std::memory_order_relaxed)) {
               (void)task.ComputeGradient(overlapped_steps, cparams, cgrads);
               ++overlapped_steps;
             }
             compute_window_s = SecondsSince(c0);
+            compute_thread_cpu_s = ThreadCpuSeconds() - cpu0;
           } catch (...) {
             compute_error = std::current_exception();
           }
@@ -350,9 +296,41 @@ void RunProbe(const ProbeArgs& args) {
         stop = true;
       }
       if (compute_error) std::rethrow_exception(compute_error);
+      const double overlap_cpu_s = ProcessCpuSeconds() - overlap_cpu0;
+      mine[kCpuShare] = overlap_cpu_s / SecondsSince(a0);
+      mine[kOverlapComputeCpu] =
+          overlapped_steps > 0 ? compute_thread_cpu_s / static_cast<double>(overlapped_steps) : 0;
+      mine[kOverlapAllReduceCpu] = (overlap_cpu_s - compute_thread_cpu_s) / calls;
       mine[kOverlapAllReduce] = SecondsSince(a0) / calls;
       mine[kOverlapCompute] =
           overlapped_steps > 0 ? compute_window_s / static_cast<double>(overlapped_steps) : 0;
+
+      // Real width-1 steps (the job's trainer, its communication thread, kMidChunk chunks) on a
+      // scratch copy: what they take beyond C + U + T_AR is the model's sigma. The step count,
+      // as the call count above, from an AllReduce.
+      std::vector<float> estimate = {static_cast<float>(compute_s + update_s + mine[8])};
+      ring->AllReduce(estimate, collective::ReduceOp::kAverage,
+                      Deadline::After(job.comm().timeout_s()));
+      const int sync_steps = std::clamp(
+          static_cast<int>(kSyncBudgetS / std::max(1e-6, double(estimate[0]))), 5, 100);
+      collective::CommunicatorOptions mid_options;
+      mid_options.chunk_bytes = kMidChunk;
+      auto mid_ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left}, {&right},
+                                                                    mid_options);
+      std::vector<float> scratch(params);
+      train::SgdOptimizer scratch_sgd(
+          {train_cfg.learning_rate(), train_cfg.momentum(), train_cfg.weight_decay()}, p);
+      train::TrainerOptions trainer_options;
+      trainer_options.pipeline_width = 1;
+      trainer_options.timeout_s = job.comm().timeout_s();
+      {
+        train::Trainer trainer(*mid_ring, task, scratch_sgd, scratch, trainer_options);
+        for (int i = 0; i < 2; ++i) trainer.Step();
+        const auto s0 = Clock::now();
+        for (int i = 0; i < sync_steps; ++i) trainer.Step();
+        mine[kSyncStep] = SecondsSince(s0) / sync_steps;
+        trainer.Drain(false);
+      }
     }
     // Gather every rank's numbers at rank 0: one pass around the ring.
     const size_t bytes = all.size() * sizeof(double);
@@ -372,6 +350,7 @@ void RunProbe(const ProbeArgs& args) {
 
   nlohmann::json per_rank = nlohmann::json::array();
   double latency = 0, alone = 0, ring = 0, overhead = 0, compute = 0, update = 0, reduce = 0;
+  double pipelined_update = 0;
   std::printf("# pipesgd probe: %d ranks, model %zu params (%.0f bytes), batch %zu per rank\n",
               env.world_size, p, 4.0 * p, batch);
   std::printf("# %4s %5s %12s %14s %14s %14s %12s %12s %14s\n", "rank", "right", "latency(us)",
@@ -395,13 +374,25 @@ void RunProbe(const ProbeArgs& args) {
                         {"overlap", {{"compute_s", v[kOverlapCompute]},
                                      {"allreduce_s", v[kOverlapAllReduce]}}},
                         {"update_s", v[4]},
-                        {"reduce_s_per_byte", v[5]}});
+                        {"pipelined_update_s", v[kPipelinedUpdate]},
+                        {"sync_step_s", v[kSyncStep]},
+                        {"reduce_s_per_byte", v[5]},
+                        {"cpu", {{"compute_share", v[kComputeCpuShare]},
+                                 {"share", v[kCpuShare]},
+                                 {"overlap_compute_s", v[kOverlapComputeCpu]},
+                                 {"overlap_allreduce_s", v[kOverlapAllReduceCpu]},
+                                 {"exchange_s_per_byte", v[kExchangeCpu]},
+                                 {"allreduce_s", {{std::to_string(kSmallChunk), v[kCpuAllReduce]},
+                                                  {std::to_string(kMidChunk), v[kCpuAllReduce + 1]},
+                                                  {std::to_string(kLargeChunk),
+                                                   v[kCpuAllReduce + 2]}}}}}});
     latency = std::max(latency, v[0]);
     alone = r == 0 ? v[1] : std::min(alone, v[1]);
     ring = r == 0 ? v[6] : std::min(ring, v[6]);
     overhead = std::max(overhead, v[2]);
     compute = std::max(compute, v[3]);
     update = std::max(update, v[4]);
+    pipelined_update = std::max(pipelined_update, v[kPipelinedUpdate]);
     reduce = std::max(reduce, v[5]);
   }
   for (const auto& c : codecs) {
@@ -414,11 +405,22 @@ void RunProbe(const ProbeArgs& args) {
   std::vector<double> compute_by_rank;
   double allreduce_small = 0, allreduce_mid = 0, allreduce_large = 0;  // the slowest rank's
   double overlap_compute = 0, overlap_allreduce = 0;                    // the slowest rank's
+  // The CPU shares of the rank that computes slowest (they go with its C); the AllReduce's CPU
+  // time per call, the median over ranks (small, mid, large chunks).
+  double compute_cpu_share = 0, cpu_share = 0;
+  // CPU per byte sent in messages of the whole model (as the PS schemes send), median over ranks.
+  double big_message_cpu = 0;
+  std::vector<double> cpu_allreduce(3, 0.0);
   {
-    std::vector<double> rho, ovh;
+    std::vector<double> rho, ovh, exchange_cpu;
+    std::vector<std::vector<double>> cpu_ar(3);
+    int slowest = 0;
     for (int r = 0; r < env.world_size; ++r) {
+      if (all[kFields * r + 3] > all[kFields * slowest + 3]) slowest = r;
+      for (int i = 0; i < 3; ++i) cpu_ar[i].push_back(all[kFields * r + kCpuAllReduce + i]);
       ovh.push_back(all[kFields * r + 2]);
       rho.push_back(all[kFields * r + 5]);
+      exchange_cpu.push_back(all[kFields * r + kExchangeCpu]);
       compute_by_rank.push_back(all[kFields * r + 3]);
       allreduce_small = std::max(allreduce_small, all[kFields * r + 7]);
       allreduce_mid = std::max(allreduce_mid, all[kFields * r + 8]);
@@ -428,6 +430,10 @@ void RunProbe(const ProbeArgs& args) {
     }
     overhead = Median(ovh);
     reduce = Median(rho);
+    big_message_cpu = Median(exchange_cpu);
+    compute_cpu_share = all[kFields * slowest + kComputeCpuShare];
+    cpu_share = all[kFields * slowest + kCpuShare];
+    for (int i = 0; i < 3; ++i) cpu_allreduce[i] = Median(cpu_ar[i]);
   }
   // What the model uses for B and o: fitted so that its AllReduce of this model is the one
   // measured, with few chunks (B) and with many (o). One link alone, or a stream of messages on
@@ -483,6 +489,42 @@ void RunProbe(const ProbeArgs& args) {
                   latency * 1e6, reduce * 1e9, ring / 1e6);
     }
   }
+  // The transport's CPU time per byte sent and per message, from the AllReduce's CPU time with
+  // many chunks and with few; with the shares, the model's CPU bound.
+  train::TransportCpu transport_cpu;
+  if (env.world_size > 1) {
+    transport_cpu = train::FitTransportCpu(fit_in, {double(kSmallChunk), cpu_allreduce[0]},
+                                           {double(kLargeChunk), cpu_allreduce[2]});
+    std::printf("# CPU time of the AllReduce (every thread, median over ranks): %.3f ms at %llu B "
+                "chunks, %.3f ms at %llu B, %.3f ms at %llu B; beyond the reduction: %.3f ns per "
+                "byte sent, %.2f us per message (%.3f ns per byte in whole-model messages); CPU per "
+                "second of the slowest rank: %.2f computing, %.2f computing and reducing at "
+                "once\n",
+                cpu_allreduce[0] * 1e3, static_cast<unsigned long long>(kSmallChunk),
+                cpu_allreduce[1] * 1e3, static_cast<unsigned long long>(kMidChunk),
+                cpu_allreduce[2] * 1e3, static_cast<unsigned long long>(kLargeChunk),
+                transport_cpu.s_per_byte * 1e9, transport_cpu.s_per_message * 1e6,
+                big_message_cpu * 1e9, compute_cpu_share, cpu_share);
+  }
+  // sigma: the slowest rank's width-1 step beyond what the model gives it at that chunk size.
+  double sync_step = 0, sync_overhead = 0;
+  if (env.world_size > 1) {
+    for (int r = 0; r < env.world_size; ++r) {
+      sync_step = std::max(sync_step, all[kFields * r + kSyncStep]);
+    }
+    fit_in.compute_s = compute;
+    fit_in.update_s = update;
+    fit_in.compute_cpu_share = compute_cpu_share;
+    fit_in.cpu_share = cpu_share;
+    fit_in.transport_cpu_s_per_byte = transport_cpu.s_per_byte;
+    fit_in.transport_cpu_s_per_message = transport_cpu.s_per_message;
+    sync_overhead = train::FitSyncOverhead(fit_in, kMidChunk, sync_step);
+    std::printf("# width-1 steps (the trainer, %llu B chunks), slowest rank: %.3f ms per step; the "
+                "model without sigma gives %.3f ms: sigma %.3f ms\n",
+                static_cast<unsigned long long>(kMidChunk), sync_step * 1e3,
+                train::RingSyncTime(fit_in, train::CodecCost{}, kMidChunk) * 1e3,
+                sync_overhead * 1e3);
+  }
   // How much each thread slows the other where they run at once (1: not at all); the model's
   // width-2 prediction uses them.
   const double compute_factor =
@@ -498,9 +540,10 @@ void RunProbe(const ProbeArgs& args) {
   }
   std::printf("# for the model: the slowest link and the slowest rank: latency %.1f us, bandwidth "
               "%.2f MB/s fitted to the ring's AllReduce (%.2f MB/s a link alone), compute %.3f ms, "
-              "update %.3f ms; median over ranks: chunk overhead %.2f us, reduce %.4f ns/B\n",
+              "update %.3f ms (%.3f ms pipelined); median over ranks: chunk overhead %.2f us, "
+              "reduce %.4f ns/B\n",
               latency * 1e6, bandwidth / 1e6, alone / 1e6, compute * 1e3, update * 1e3,
-              overhead * 1e6, reduce * 1e9);
+              pipelined_update * 1e3, overhead * 1e6, reduce * 1e9);
   if (!args.json_path.empty()) {
     nlohmann::json j = {{"world_size", env.world_size},
                         {"workers", env.world_size},
@@ -529,7 +572,18 @@ void RunProbe(const ProbeArgs& args) {
                           {"median", Median(compute_by_rank)},
                           {"max", compute}}},
                         {"update_s", update},
+                        {"pipelined_update_s", pipelined_update},
                         {"reduce_s_per_byte", reduce},
+                        {"compute_cpu_share", env.world_size > 1 ? compute_cpu_share : 0.0},
+                        {"cpu_share", env.world_size > 1 ? cpu_share : 0.0},
+                        {"transport_cpu_s_per_byte", transport_cpu.s_per_byte},
+                        {"transport_cpu_s_per_message", transport_cpu.s_per_message},
+                        {"sync_step_s", {{"chunk_bytes", kMidChunk}, {"seconds", sync_step}}},
+                        {"sync_overhead_s", sync_overhead},
+                        {"big_message_cpu_s_per_byte", big_message_cpu},
+                        {"allreduce_cpu_s", {{std::to_string(kSmallChunk), cpu_allreduce[0]},
+                                             {std::to_string(kMidChunk), cpu_allreduce[1]},
+                                             {std::to_string(kLargeChunk), cpu_allreduce[2]}}},
                         {"codecs", codecs},
                         {"per_rank", per_rank}};
     std::ofstream out(args.json_path);

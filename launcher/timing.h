@@ -40,6 +40,7 @@ struct ModelArgs {
   double link_rate_bps = 0;   // e.g. 1e9 for 1gbit (sets B = rate / 8 when B is not given)
   double compute_s = -1;      // C
   double update_s = -1;       // U
+  double pipelined_update_s = -1;  // U_K (width >= 2)
   double reduce_s_per_byte = -1;
   double chunk_overhead_s = -1;
   double contention = -1;  // gamma in [0, 1]

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
+#include "core/base/measure.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/temp_dir.h"
 
@@ -853,6 +854,52 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
             std::max(1.0, overlap_compute / compute_max));
   EXPECT_EQ(j["overlap_allreduce_factor"].get<double>(),
             std::max(1.0, overlap_allreduce / j["allreduce_s"]["16777216"].get<double>()));
+  // The CPU bound's inputs: the slowest-computing rank's shares (CPU seconds per second,
+  // positive), the AllReduce's CPU time per call at each chunk size (the median over ranks),
+  // and the transport's per-byte and per-message CPU fitted to them, never negative.
+  size_t slowest = 0;
+  std::vector<double> cpu_small;
+  for (size_t i = 0; i < j["per_rank"].size(); ++i) {
+    const auto& rank = j["per_rank"][i];
+    if (rank["compute_s"].get<double>() > j["per_rank"][slowest]["compute_s"].get<double>()) {
+      slowest = i;
+    }
+    EXPECT_GT(rank["cpu"]["compute_share"].get<double>(), 0) << rank.dump();
+    EXPECT_GT(rank["cpu"]["share"].get<double>(), 0) << rank.dump();
+    EXPECT_GT(rank["cpu"]["overlap_compute_s"].get<double>(), 0) << rank.dump();
+    cpu_small.push_back(rank["cpu"]["allreduce_s"]["4096"].get<double>());
+  }
+  EXPECT_EQ(j["compute_cpu_share"].get<double>(),
+            j["per_rank"][slowest]["cpu"]["compute_share"].get<double>());
+  EXPECT_EQ(j["cpu_share"].get<double>(), j["per_rank"][slowest]["cpu"]["share"].get<double>());
+  EXPECT_EQ(j["allreduce_cpu_s"]["4096"].get<double>(), Median(cpu_small));
+  EXPECT_GE(j["transport_cpu_s_per_byte"].get<double>(), 0);
+  EXPECT_GE(j["transport_cpu_s_per_message"].get<double>(), 0);
+  // U and width 2's U_K (with the config's LOCAL_GRADIENT compensation: a copy and a prediction
+  // more), the slowest rank's each.
+  double update_max = 0, pipelined_update_max = 0;
+  for (const auto& rank : j["per_rank"]) {
+    EXPECT_GT(rank["update_s"].get<double>(), 0) << rank.dump();
+    EXPECT_GT(rank["pipelined_update_s"].get<double>(), 0) << rank.dump();
+    update_max = std::max(update_max, rank["update_s"].get<double>());
+    pipelined_update_max = std::max(pipelined_update_max, rank["pipelined_update_s"].get<double>());
+  }
+  EXPECT_EQ(j["update_s"].get<double>(), update_max);
+  EXPECT_EQ(j["pipelined_update_s"].get<double>(), pipelined_update_max);
+  // sigma from real width-1 steps at 64 KiB chunks, the slowest rank's; the CPU per byte of
+  // whole-model messages (the PS rows), the median over ranks.
+  double sync_step_max = 0;
+  std::vector<double> exchange_cpu;
+  for (const auto& rank : j["per_rank"]) {
+    EXPECT_GT(rank["sync_step_s"].get<double>(), 0) << rank.dump();
+    EXPECT_GT(rank["cpu"]["exchange_s_per_byte"].get<double>(), 0) << rank.dump();
+    sync_step_max = std::max(sync_step_max, rank["sync_step_s"].get<double>());
+    exchange_cpu.push_back(rank["cpu"]["exchange_s_per_byte"].get<double>());
+  }
+  EXPECT_EQ(j["sync_step_s"]["chunk_bytes"].get<double>(), 65536);
+  EXPECT_EQ(j["sync_step_s"]["seconds"].get<double>(), sync_step_max);
+  EXPECT_GE(j["sync_overhead_s"].get<double>(), 0);
+  EXPECT_EQ(j["big_message_cpu_s_per_byte"].get<double>(), Median(exchange_cpu));
   const double gamma = j["contention"].get<double>();
   const double mid = std::stod(m4[2]), model_mid = std::stod(m4[5]);
   if (gamma == 1) {
@@ -877,6 +924,19 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
               std::string::npos)
         << m.out;
   }
+  // The width-1 step the probe timed, beside the model's: equal unless sigma was clamped at 0
+  // (the model above the measured step).
+  std::smatch sync;
+  ASSERT_TRUE(std::regex_search(
+      m.out, sync,
+      std::regex("# measured width-1 step \\(none\\) at 65536 B chunks: [0-9.]+ / [0-9.]+ / "
+                 "([0-9.]+) ms; the model gives ([0-9.]+) ms")))
+      << m.out;
+  if (j["sync_overhead_s"].get<double>() > 0) {
+    EXPECT_NEAR(std::stod(sync[1]), std::stod(sync[2]), 0.0011) << sync[0];
+  } else {
+    EXPECT_GE(std::stod(sync[2]), std::stod(sync[1]) - 0.001) << sync[0];
+  }
   // A probe file whose per-rank table is not a probe's is refused by name.
   auto broken = j;
   broken["per_rank"][0]["compute_s"] = "fast";
@@ -886,6 +946,14 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   }
   ExpectError(RunCommand({kBinary, "model", "--probe", dir.path("broken.json")}),
               {"model --probe", "broken.json: per_rank is not a probe's"});
+  auto negative = j;
+  negative["cpu_share"] = -0.5;
+  {
+    std::ofstream out(dir.path("negative.json"));
+    out << negative.dump();
+  }
+  ExpectError(RunCommand({kBinary, "model", "--probe", dir.path("negative.json")}),
+              {"negative.json: cpu_share = -0.5: expected a number >= 0"});
 }
 
 TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
@@ -909,12 +977,12 @@ TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
   // Beside each row what it is made of: C + U 11 ms, T_AR 54.6 ms = 6 alpha 0.6 ms + the link's
   // 48 ms (above the CPU's 6 (1e6 x 1 ns + 10 us) = 6.06 ms) + the fill 6 ms.
   EXPECT_NE(out.find("ring_sync none 1000000 65.600 5.18x 1.00x | 11.000 54.600 1 0.600 48.000 "
-                     "6.060 6.000 0.000 comm:link"),
+                     "6.060 6.000 0.000 - comm:link"),
             std::string::npos)
       << r.out;
   EXPECT_NE(out.find("pipe_k2 sign1 1000000 12.660 1.00x 0.23x | 11.000 "), std::string::npos)
       << r.out;
-  EXPECT_NE(out.find("ps_sync none - 283.200 22.37x 1.00x | 11.000 272.200 - - - - - - comm"),
+  EXPECT_NE(out.find("ps_sync none - 283.200 22.37x 1.00x | 11.000 272.200 - - - - - - - comm"),
             std::string::npos)
       << r.out;
   // Codecs without a probe cost nothing but shrink the bytes: sign1 (r = 28.4) with width 2

@@ -108,6 +108,17 @@ TEST(TimingModel, FitRingRecoversBandwidthOverheadAndContention) {
   const RingFit floor = FitRing(guess, small, mid, {16 << 20, 1e-9});
   EXPECT_FALSE(floor.bandwidth_fitted);
   EXPECT_EQ(floor.bandwidth_Bps, 5e7);
+  // Placeable with the guessed overhead (1 us: a floor of 6 x 15 us + 6 x 1 us = 96 us below
+  // the 200 us measured), not with the one the small chunks then fit (~57 us: a 432 us floor).
+  // The fit went on with the first round's B and reported it not fitted (a loaded CI machine);
+  // B must be the guess whenever it says not fitted.
+  TimingInputs loaded = guess;
+  loaded.model_bytes = 940584;
+  loaded.latency_s = 15e-6;
+  loaded.reduce_s_per_byte = 0;
+  const RingFit late = FitRing(loaded, {4096, 0.020}, {65536, 0.003}, {16 << 20, 200e-6});
+  EXPECT_FALSE(late.bandwidth_fitted);
+  EXPECT_EQ(late.bandwidth_Bps, 5e7);
   // Contention adds the shorter term: at gamma = 1 the link and the CPU are serial.
   TimingInputs serial = truth;
   serial.contention = 1;
@@ -153,6 +164,121 @@ TEST(TimingModel, WidthTwoOverlapSlowsByTheMeasuredFactors) {
   in.overlap_allreduce_factor = 1.1;
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0546 * 1.1 + 0.201 - 0.0546 * 1.1 / 1.2, 1e-12);
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 1), 0.201 + 0.0546, 1e-12);  // width 1: no overlap
+}
+
+TEST(TimingModel, CpuBoundByHand) {
+  // Lab() on cores it shares: half a core while computing and while both threads run
+  // (s_c = s = 0.5); the transport takes 1 ns per byte sent and 10 us per message.
+  TimingInputs in = Lab();
+  in.compute_cpu_share = 0.5;
+  in.cpu_share = 0.5;
+  in.transport_cpu_s_per_byte = 1e-9;
+  in.transport_cpu_s_per_message = 1e-5;
+  // 1 MB chunks (m = 1): 6 (1e6 rho + 1e6 x 1 ns + 1 x 10 us) = 0.01206 s of CPU per AllReduce.
+  EXPECT_NEAR(RingAllReduceCpuTime(in, kNone, 1e6), 0.01206, 1e-12);
+  // q8 (r = 4, kappa = 2 ns/B), 250 kB chunks (m = 4): 6 (1e6 x 3 ns + 2.5e5 x 1 ns + 4 x 10 us).
+  EXPECT_NEAR(RingAllReduceCpuTime(in, {"q8", 4, 2e-9}, 2.5e5), 6 * (3e-3 + 2.5e-4 + 4e-5), 1e-12);
+  // (C + U) s_c + CPU of the AllReduce, over s: (0.011 x 0.5 + 0.01206) / 0.5 = 0.03512, above
+  // width 1's C + U + T_AR = 0.0656 only when the link is fast: at 1e12 B/s T_AR = 0.0126.
+  EXPECT_NEAR(CpuBoundTime(in, kNone, 1e6, 1), 0.03512, 1e-12);
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.011 + 0.0546, 1e-12);  // the link still bounds
+  in.bandwidth_Bps = 1e12;
+  const double t_ar = RingAllReduceTime(in, kNone, 1e6);
+  EXPECT_NEAR(t_ar, 0.0006 + 0.00606 + 0.006, 1e-12);  // the 6 us link hides (gamma 0)
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.03512, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.03512, 1e-12);  // overlap cannot beat the CPU
+  // Width 2's update with its staleness compensation, U_K = 3 ms against U = 1 ms: width 2's
+  // bound is (0.013 x 0.5 + 0.01206) / 0.5 = 0.03712, width 1's stays.
+  in.pipelined_update_s = 0.003;
+  EXPECT_NEAR(CpuBoundTime(in, kNone, 1e6, 2), 0.03712, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.03712, 1e-12);
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.03512, 1e-12);
+  EXPECT_NEAR(UpdateTime(in, 1), 0.001, 1e-15);
+  in.pipelined_update_s = 0;  // not known: U
+  EXPECT_NEAR(UpdateTime(in, 2), 0.001, 1e-15);
+  // A rank with CPU to spare (s = 2 cores while both threads run): (0.0055 + 0.01206) / 2,
+  // below both widths' times, which stand.
+  in.cpu_share = 2;
+  EXPECT_NEAR(CpuBoundTime(in, kNone, 1e6, 1), 0.00878, 1e-12);
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.011 + t_ar, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), t_ar, 1e-12);
+  // No shares (a probe that did not measure them, or the command line): no bound.
+  in.cpu_share = 0.5;
+  in.compute_cpu_share = 0;
+  EXPECT_EQ(CpuBoundTime(in, kNone, 1e6, 1), 0.0);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), t_ar, 1e-12);
+  EXPECT_EQ(PsAsyncCpuBoundTime(in, kNone), 0.0);
+}
+
+TEST(TimingModel, SyncOverheadAddsToWidthOneOnly) {
+  // Lab() at 1 MB chunks: width 1 0.0656, width 2 0.0546 (SchemesByHand). A width-1 step timed
+  // at 0.0700 leaves sigma = 0.0044; one timed below the model leaves 0.
+  TimingInputs in = Lab();
+  EXPECT_NEAR(FitSyncOverhead(in, 1e6, 0.0700), 0.0044, 1e-12);
+  EXPECT_EQ(FitSyncOverhead(in, 1e6, 0.0600), 0.0);
+  in.sync_overhead_s = 0.0044;
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.0700, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 1), 0.0700, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0546, 1e-12);  // hidden behind the AllReduce
+  // Fitted from inputs that already hold a sigma: the same sigma, not the sum.
+  EXPECT_NEAR(FitSyncOverhead(in, 1e6, 0.0700), 0.0044, 1e-12);
+  // On top of the CPU bound where that bounds (CpuBoundByHand: 0.03512 at 1e12 B/s).
+  in.bandwidth_Bps = 1e12;
+  in.compute_cpu_share = 0.5;
+  in.cpu_share = 0.5;
+  in.transport_cpu_s_per_byte = 1e-9;
+  in.transport_cpu_s_per_message = 1e-5;
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.03512 + 0.0044, 1e-12);
+}
+
+TEST(TimingModel, PsAsyncCpuBoundByHand) {
+  // Half a core per rank, 1 ns per byte and 10 us per message in the transport, a fast link.
+  TimingInputs in = Lab();
+  in.bandwidth_Bps = 1e12;
+  in.compute_cpu_share = 0.5;
+  in.cpu_share = 0.5;
+  in.transport_cpu_s_per_byte = 1e-9;
+  in.transport_cpu_s_per_message = 1e-5;
+  // A push sends 4e6 B and receives as many, in 2 messages: X = 0.004 + 0.00002. Server:
+  // S = 4 ((4e6 x 1e-9 + 0.001) x 0.5 + X) = 0.02608; a worker: 0.01 x 0.5 + X + S / 4 =
+  // 0.01554; over s = 0.5: 0.05216.
+  EXPECT_NEAR(PsAsyncCpuBoundTime(in, kNone), 0.05216, 1e-12);
+  // Without it: max(worker 0.01 + 2e-4 + 8e-6 + 0.004 + 0.001, server link 1.6e-5, server CPU
+  // 4 x 0.005) = 0.02.
+  EXPECT_NEAR(PsAsyncTime(in, kNone), 0.05216, 1e-12);
+  in.compute_cpu_share = 0;
+  EXPECT_NEAR(PsAsyncTime(in, kNone), 0.02, 1e-12);
+  // q8 (r = 4, kappa = 2 ns/B): X = 0.001 + 0.00002; S = 4 ((0.004 + 0.001 + 0.008) 0.5 + X) =
+  // 0.03008 above a worker's (0.01 + 0.016) 0.5 + X + S / 4 = 0.02154.
+  in.compute_cpu_share = 0.5;
+  EXPECT_NEAR(PsAsyncCpuBoundTime(in, {"q8", 4, 2e-9}), 0.03008 / 0.5, 1e-12);
+  // Whole-model messages at 3 ns per byte and a 0.1 s compute: X = 0.01202, S = 0.05808, a
+  // worker 0.05 + X + S / 4 = 0.07654, which bounds.
+  in.big_message_cpu_s_per_byte = 3e-9;
+  in.compute_s = 0.1;
+  EXPECT_NEAR(PsAsyncCpuBoundTime(in, kNone), 0.07654 / 0.5, 1e-12);
+}
+
+TEST(TimingModel, FitTransportCpuRecoversPerByteAndPerMessage) {
+  TimingInputs in = Lab();
+  in.transport_cpu_s_per_byte = 0.4e-9;
+  in.transport_cpu_s_per_message = 12e-6;
+  const double small = RingAllReduceCpuTime(in, kNone, 4096);
+  const double large = RingAllReduceCpuTime(in, kNone, 16e6);
+  const TransportCpu fit = FitTransportCpu(in, {4096, small}, {16e6, large});
+  EXPECT_NEAR(fit.s_per_byte, 0.4e-9, 1e-18);
+  EXPECT_NEAR(fit.s_per_message, 12e-6, 1e-15);
+  // Noise that makes many chunks cheaper than few: no negative per-message cost; the per-byte
+  // cost is the mean of the two over the bytes sent (6 x 1e6) after the reduction (6 ms).
+  const TransportCpu noisy = FitTransportCpu(in, {4096, 0.007}, {16e6, 0.009});
+  EXPECT_EQ(noisy.s_per_message, 0.0);
+  EXPECT_NEAR(noisy.s_per_byte, (0.001 + 0.003) / 2 / 6e6, 1e-18);
+  // Less than the reduction alone: nothing left for the transport.
+  const TransportCpu none = FitTransportCpu(in, {4096, 0.001}, {16e6, 0.001});
+  EXPECT_EQ(none.s_per_byte, 0.0);
+  EXPECT_EQ(none.s_per_message, 0.0);
+  in.workers = 1;
+  EXPECT_EQ(FitTransportCpu(in, {4096, 1}, {16e6, 1}).s_per_byte, 0.0);
 }
 
 TEST(TimingModel, PredictAllPicksTheFastest) {

@@ -1,8 +1,10 @@
-// What every timing loop needs: seconds since a steady-clock point, and the median of samples.
+// What every timing loop needs: seconds since a steady-clock point, the median of samples, and
+// the CPU time the process has used.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <vector>
 
 namespace pipesgd {
@@ -15,6 +17,20 @@ inline double SecondsSince(std::chrono::steady_clock::time_point t) {
 inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// CPU seconds of every thread of this process, user and kernel (CLOCK_PROCESS_CPUTIME_ID).
+inline double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// CPU seconds of the calling thread, user and kernel (CLOCK_THREAD_CPUTIME_ID).
+inline double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 }  // namespace pipesgd

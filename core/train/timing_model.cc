@@ -79,13 +79,17 @@ double FitContention(const TimingInputs& in, double chunk_bytes, double measured
 RingFit FitRing(const TimingInputs& in, TimedAllReduce small, TimedAllReduce mid,
                 TimedAllReduce large) {
   TimingInputs t = in;
-  bool fitted = false;
-  // Coordinate-wise: converges linearly; microseconds per round.
+  bool fitted = true;
+  // Coordinate-wise: converges linearly; microseconds per round. Once no B places the large
+  // AllReduce (the overhead fitted since raised its floor above it), B goes back to the given
+  // one and stays: a B from an earlier round fits nothing the final o and gamma give.
   for (int round = 0; round < 2000; ++round) {
     const TimingInputs before = t;
-    const double b = FitBandwidth(t, large.chunk_bytes, large.seconds);
-    fitted = b > 0;
-    if (fitted) t.bandwidth_Bps = b;
+    if (fitted) {
+      const double b = FitBandwidth(t, large.chunk_bytes, large.seconds);
+      fitted = b > 0;
+      t.bandwidth_Bps = fitted ? b : in.bandwidth_Bps;
+    }
     t.chunk_overhead_s = FitChunkOverhead(t, small.chunk_bytes, small.seconds);
     t.contention = FitContention(t, mid.chunk_bytes, mid.seconds);
     if (std::abs(t.bandwidth_Bps - before.bandwidth_Bps) <= 1e-13 * t.bandwidth_Bps &&
@@ -97,18 +101,71 @@ RingFit FitRing(const TimingInputs& in, TimedAllReduce small, TimedAllReduce mid
   return {t.bandwidth_Bps, t.chunk_overhead_s, t.contention, fitted};
 }
 
+double RingAllReduceCpuTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
+  const RingTerms t = RingAllReduceTerms(in, codec, chunk_bytes);
+  if (in.workers == 1 || in.model_bytes <= 0) return 0;
+  const double steps = 2.0 * (in.workers - 1), block = in.model_bytes / in.workers;
+  return steps * (block * (in.reduce_s_per_byte + codec.s_per_byte) +
+                  block / codec.ratio * in.transport_cpu_s_per_byte +
+                  t.chunks_per_block * in.transport_cpu_s_per_message);
+}
+
+double UpdateTime(const TimingInputs& in, int width) {
+  return width >= 2 && in.pipelined_update_s > 0 ? in.pipelined_update_s : in.update_s;
+}
+
+double CpuBoundTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes,
+                    int width) {
+  const double share = std::max(in.cpu_share, in.compute_cpu_share);
+  if (in.compute_cpu_share <= 0 || share <= 0) return 0;
+  return ((in.compute_s + UpdateTime(in, width)) * in.compute_cpu_share +
+          RingAllReduceCpuTime(in, codec, chunk_bytes)) /
+         share;
+}
+
+TransportCpu FitTransportCpu(const TimingInputs& in, TimedCpu small, TimedCpu large) {
+  PSGD_CHECK(small.chunk_bytes > 0 && large.chunk_bytes > 0);
+  if (in.workers == 1 || in.model_bytes <= 0) return {};
+  const double steps = 2.0 * (in.workers - 1), block = in.model_bytes / in.workers;
+  const auto messages = [&](double chunk) { return steps * std::ceil(block / chunk); };
+  // What the transport took: the measured CPU less the reduction's.
+  const double reduce = steps * block * in.reduce_s_per_byte;
+  const double y_small = std::max(0.0, small.cpu_s - reduce);
+  const double y_large = std::max(0.0, large.cpu_s - reduce);
+  const double n_small = messages(small.chunk_bytes), n_large = messages(large.chunk_bytes);
+  const double bytes = steps * block;  // sent in either
+  TransportCpu fit;
+  if (n_small > n_large) fit.s_per_message = (y_small - y_large) / (n_small - n_large);
+  fit.s_per_byte = (y_large - fit.s_per_message * n_large) / bytes;
+  if (fit.s_per_message < 0) {
+    fit = {(y_small + y_large) / (2 * bytes), 0};
+  } else if (fit.s_per_byte < 0) {
+    fit = {0, (y_small + y_large) / (n_small + n_large)};
+  }
+  return fit;
+}
+
 double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
-  return in.compute_s + in.update_s + RingAllReduceTime(in, codec, chunk_bytes);
+  return std::max(in.compute_s + in.update_s + RingAllReduceTime(in, codec, chunk_bytes),
+                  CpuBoundTime(in, codec, chunk_bytes, 1)) +
+         in.sync_overhead_s;
+}
+
+double FitSyncOverhead(const TimingInputs& in, double chunk_bytes, double measured_step_s) {
+  TimingInputs without = in;
+  without.sync_overhead_s = 0;
+  return std::max(0.0, measured_step_s - RingSyncTime(without, CodecCost{}, chunk_bytes));
 }
 
 double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, int width) {
   PSGD_CHECK_GE(width, 1);
   if (width == 1) return RingSyncTime(in, codec, chunk_bytes);
   PSGD_CHECK(in.overlap_compute_factor >= 1 && in.overlap_allreduce_factor >= 1);
-  const double a = in.compute_s + in.update_s, b = RingAllReduceTime(in, codec, chunk_bytes);
+  const double a = in.compute_s + UpdateTime(in, width);
+  const double b = RingAllReduceTime(in, codec, chunk_bytes);
   const double fc = in.overlap_compute_factor, fa = in.overlap_allreduce_factor;
-  if (a * fc <= b * fa) return a * fc + b - a * fc / fa;
-  return b * fa + a - b * fa / fc;
+  const double overlapped = a * fc <= b * fa ? a * fc + b - a * fc / fa : b * fa + a - b * fa / fc;
+  return std::max(overlapped, CpuBoundTime(in, codec, chunk_bytes, width));
 }
 
 double PsSyncTime(const TimingInputs& in, const CodecCost& codec) {
@@ -126,7 +183,21 @@ double PsAsyncTime(const TimingInputs& in, const CodecCost& codec) {
                         m * in.reduce_s_per_byte + in.update_s + 2 * m * codec.s_per_byte;
   const double server_link = w * m / (codec.ratio * in.bandwidth_Bps);
   const double server_cpu = w * (m * in.reduce_s_per_byte + in.update_s + m * codec.s_per_byte);
-  return std::max({worker, server_link, server_cpu});
+  return std::max({worker, server_link, server_cpu, PsAsyncCpuBoundTime(in, codec)});
+}
+
+double PsAsyncCpuBoundTime(const TimingInputs& in, const CodecCost& codec) {
+  const double share = std::max(in.cpu_share, in.compute_cpu_share);
+  if (in.compute_cpu_share <= 0 || share <= 0) return 0;
+  const double w = in.workers, m = in.model_bytes, s_c = in.compute_cpu_share;
+  // One gradient in and one model out per push, one message each.
+  const double per_byte = in.big_message_cpu_s_per_byte > 0 ? in.big_message_cpu_s_per_byte
+                                                            : in.transport_cpu_s_per_byte;
+  const double transport = m / codec.ratio * per_byte + 2 * in.transport_cpu_s_per_message;
+  const double server =
+      w * ((m * in.reduce_s_per_byte + in.update_s + m * codec.s_per_byte) * s_c + transport);
+  const double worker = (in.compute_s + 2 * m * codec.s_per_byte) * s_c + transport + server / w;
+  return std::max(worker, server) / share;
 }
 
 double BestChunkBytes(const TimingInputs& in, const CodecCost& codec,
@@ -157,17 +228,30 @@ ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& cod
   for (const CodecCost& codec : codecs) {
     // The PS modes send float32 (they ignore comm.compression): no rows they cannot run.
     if (codec.name == "none") {
-      for (const auto& [name, t] : {std::pair{"ps_sync", PsSyncTime(in, codec)},
-                                    std::pair{"ps_async", PsAsyncTime(in, codec)}}) {
-        report.rows.push_back({name, codec.name, 0, t, compute, std::max(0.0, t - compute), {}});
-      }
+      report.rows.push_back({"ps_sync", codec.name, 0, PsSyncTime(in, codec), compute,
+                             std::max(0.0, PsSyncTime(in, codec) - compute), 0, {}});
+      report.rows.push_back({"ps_async", codec.name, 0, PsAsyncTime(in, codec), compute,
+                             std::max(0.0, PsAsyncTime(in, codec) - compute),
+                             PsAsyncCpuBoundTime(in, codec), {}});
     }
-    const double chunk = BestChunkBytes(in, codec, chunk_sizes);
-    const RingTerms terms = RingAllReduceTerms(in, codec, chunk);
-    report.rows.push_back({"ring_sync", codec.name, chunk, RingSyncTime(in, codec, chunk), compute,
-                           terms.total_s, terms});
-    report.rows.push_back({"pipe_k2", codec.name, chunk, PipeTime(in, codec, chunk, 2), compute,
-                           terms.total_s, terms});
+    // Each scheme at the chunk size it is fastest with (the CPU bound can favour another than
+    // the AllReduce alone does); among equals (width 2 hiding the AllReduce), the fastest
+    // AllReduce.
+    for (int width : {1, 2}) {
+      double chunk = BestChunkBytes(in, codec, chunk_sizes);
+      double best_t = PipeTime(in, codec, chunk, width);
+      for (double c : chunk_sizes) {
+        const double t = PipeTime(in, codec, c, width);
+        if (t < best_t * (1 - 1e-12)) {
+          chunk = c;
+          best_t = t;
+        }
+      }
+      const RingTerms terms = RingAllReduceTerms(in, codec, chunk);
+      report.rows.push_back({width == 1 ? "ring_sync" : "pipe_k2", codec.name, chunk, best_t,
+                             in.compute_s + UpdateTime(in, width), terms.total_s,
+                             CpuBoundTime(in, codec, chunk, width), terms});
+    }
   }
   PSGD_CHECK(!report.rows.empty());
   report.best = *std::min_element(

@@ -22,6 +22,9 @@ struct TimingInputs {
   double bandwidth_Bps = 1;        // B: bytes per second per direction of a link, > 0
   double compute_s = 0;            // C: forward + backward of one worker's batch
   double update_s = 0;             // U: one optimizer step over M bytes of parameters
+  // U_K: the same at width >= 2, with the staleness compensation's extra work (keeping the local
+  // gradient, the prediction of the next step's point); <= 0: not known, U.
+  double pipelined_update_s = 0;
   double reduce_s_per_byte = 0;    // rho: adding two float32 vectors, per byte of one of them
   double chunk_overhead_s = 0;     // o: software cost of one chunk message (header, wake-up)
   // gamma in [0, 1]: how much of the shorter of the link and CPU terms does NOT hide behind the
@@ -33,6 +36,24 @@ struct TimingInputs {
   // communication). `pipesgd probe` times both at once; they set width 2's overlap.
   double overlap_compute_factor = 1;
   double overlap_allreduce_factor = 1;
+  // The CPU bound: where a rank's cores are all busy (ranks sharing cores, a node under a CPU
+  // quota, a kernel TCP stack copying every byte) a step takes at least the CPU time it needs
+  // over the CPU the rank gets, whatever the overlap. 0 for both shares: not known, no bound.
+  //   compute_cpu_share: cores' worth of CPU time per second of C while every rank computes
+  //   cpu_share:         the same while compute and the AllReduce run at once (the rank's CPU)
+  //   the AllReduce's CPU time (every thread, user + kernel): per byte sent and per message,
+  //   beyond the reduction and the codec (rho, kappa), which the ring terms already count.
+  double compute_cpu_share = 0;
+  double cpu_share = 0;
+  double transport_cpu_s_per_byte = 0;
+  double transport_cpu_s_per_message = 0;
+  // The same per byte in messages of a whole model (the PS schemes); 0: not known, the above.
+  double big_message_cpu_s_per_byte = 0;
+  // sigma >= 0: what a synchronous step takes beyond C + U + T_AR (or the CPU bound): ranks
+  // that reach the AllReduce at different times (a shared core's time slices, a preempted
+  // rank), the hand-off to the communication thread, the step's bookkeeping. Width 2 hides it
+  // behind the AllReduce in flight. `pipesgd probe` times real width-1 steps (FitSyncOverhead).
+  double sync_overhead_s = 0;
 };
 
 // A gradient codec as the model sees it.
@@ -64,15 +85,48 @@ struct RingTerms {
 };
 RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
 
-// Synchronous ring SGD (pipeline width 1): C + U + T_AR.
+// CPU time of one ring AllReduce on one rank: the reduction and the codec, and the transport's
+// share per byte sent and per chunk message:
+//   2(W-1) [ (M/W)(rho + kappa) + (M/W)/r cpu_byte + m cpu_msg ]
+double RingAllReduceCpuTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
+
+// U at pipeline width `width`: U_K for width >= 2 where known, else U.
+double UpdateTime(const TimingInputs& in, int width);
+
+// The CPU bound of a ring step at pipeline width `width`: what the rank computes, updates and
+// spends on the AllReduce, at the CPU it gets (0 where the shares are not known):
+//   ((C + U) s_c + RingAllReduceCpuTime) / max(s, s_c)       U_K for width >= 2
+double CpuBoundTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes,
+                    int width);
+
+// The transport's CPU per byte sent and per message, from the CPU time of two timed AllReduces
+// of the model without a codec, with many chunks (small) and few (large), less what the
+// reduction takes (in.reduce_s_per_byte): two equations, two unknowns; a negative one is
+// dropped and the other fitted to both. Both 0 with one worker.
+struct TransportCpu {
+  double s_per_byte = 0;
+  double s_per_message = 0;
+};
+struct TimedCpu {
+  double chunk_bytes = 0;
+  double cpu_s = 0;  // CPU time of one AllReduce, every thread of the rank
+};
+TransportCpu FitTransportCpu(const TimingInputs& in, TimedCpu small, TimedCpu large);
+
+// Synchronous ring SGD (pipeline width 1): C + U + T_AR, or the CPU bound if longer, + sigma.
 double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
 
-// Pipe-SGD of width K: K = 1 is RingSyncTime; K >= 2: compute (a = C + U) and communication
+// sigma from a measured synchronous step (no codec, `chunk_bytes` chunks): the step less
+// RingSyncTime without sigma, never below 0.
+double FitSyncOverhead(const TimingInputs& in, double chunk_bytes, double measured_step_s);
+
+// Pipe-SGD of width K: K = 1 is RingSyncTime; K >= 2: compute (a = C + U_K) and communication
 // (b = T_AR) run at once, each slowed by the other's factor while both run, the one left after
 // the other ends at full speed (a wider pipeline cannot beat that):
 //   a f_c <= b f_a:  a f_c + b - a f_c / f_a       (the AllReduce ends last)
 //   otherwise:       b f_a + a - b f_a / f_c
 // Factors of 1 give max(a, b) (full overlap); factors of 2 give a + b (one core, shared fairly).
+// The CPU bound if longer.
 double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, int width);
 
 // Synchronous parameter server, one dedicated server, W workers (papers.md 1.5, first row):
@@ -86,7 +140,19 @@ double PsSyncTime(const TimingInputs& in, const CodecCost& codec);
 //   T = max( C + 2 alpha + 2 M / (r B) + M rho + U + 2 M kappa,
 //            W M / (r B),
 //            W (M rho + U + M kappa) )
+//   or the CPU bound (PsAsyncCpuBoundTime) if longer.
 double PsAsyncTime(const TimingInputs& in, const CodecCost& codec);
+
+// The asynchronous server's CPU bound, as CpuBoundTime for the ring (0 where the shares are not
+// known): each push moves one gradient in and one model out (2 M / r bytes, 2 messages), and per
+// worker cycle the server takes W pushes. A worker's cycle holds its own push's turn at the
+// server; the server serves W pushes per cycle; at the CPU a rank gets:
+//   max( (C + 2 M kappa) s_c + X + S / W,  S ) / max(s, s_c)
+//   S = W ((M rho + U + M kappa) s_c + X),   X = (M / r) cpu_big + 2 cpu_msg
+// cpu_big: per byte sent (and one received) in whole-model messages, or cpu_byte if not known.
+// The server is one more process than the W ranks the shares were measured on: where it shares
+// their cores, its share is lower than s.
+double PsAsyncCpuBoundTime(const TimingInputs& in, const CodecCost& codec);
 
 // One row of `pipesgd model`.
 struct SchemePrediction {
@@ -94,8 +160,9 @@ struct SchemePrediction {
   std::string codec;    // codec name
   double chunk_bytes = 0;  // 0 for the PS schemes
   double iteration_s = 0;
-  double compute_s = 0;    // C + U
+  double compute_s = 0;    // C + U (C + U_K for pipe_k2)
   double comm_s = 0;       // T_AR (ring schemes); PS: what the server round adds to C + U
+  double cpu_bound_s = 0;  // CpuBoundTime (ring schemes; 0 where not known)
   RingTerms ring;          // the ring schemes' T_AR, term by term
 };
 
