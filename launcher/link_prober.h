@@ -131,5 +131,4 @@ class Prober {
   std::vector<char> in_;
 };
 
-
 }  // namespace pipesgd::launcher

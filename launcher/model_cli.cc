@@ -39,17 +39,15 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
     if (per_rank.empty()) return lines;
     std::vector<double> compute;
     std::map<double, std::vector<double>> allreduce;  // by chunk size
+    std::vector<double> sync_step;
     for (const auto& r : per_rank) {
       compute.push_back(r.at("compute_s").get<double>());
+      if (r.contains("sync_step_s")) sync_step.push_back(r.at("sync_step_s").get<double>());
       if (r.contains("allreduce_s")) {
         for (const auto& [chunk, sec] : r.at("allreduce_s").items()) {
           allreduce[std::strtod(chunk.c_str(), nullptr)].push_back(sec.get<double>());
         }
       }
-    }
-    std::vector<double> sync_step;
-    for (const auto& r : per_rank) {
-      if (r.contains("sync_step_s")) sync_step.push_back(r.at("sync_step_s").get<double>());
     }
     lines.push_back(fmt::format("measured by the probe on {} ranks (min / median / max): compute "
                                 "{}; the model takes the slowest, {:.3f} ms",

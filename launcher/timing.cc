@@ -39,17 +39,17 @@ using Clock = std::chrono::steady_clock;
 // the process's CPU time per second while computing (kComputeCpuShare) and while both run
 // (kCpuShare), and per AllReduce at each timed chunk size (kCpuAllReduce + i), the pipelined
 // update U_K, a real width-1 step (sigma), and the CPU per byte of whole-model messages
-constexpr int kFields = 22;
-constexpr int kPipelinedUpdate = 19;
-constexpr int kSyncStep = 20;
-constexpr int kExchangeCpu = 21;
-constexpr int kOverlapComputeCpu = 17;
-constexpr int kOverlapAllReduceCpu = 18;
 constexpr int kOverlapCompute = 10;
 constexpr int kOverlapAllReduce = 11;
 constexpr int kComputeCpuShare = 12;
 constexpr int kCpuShare = 13;
-constexpr int kCpuAllReduce = 14;
+constexpr int kCpuAllReduce = 14;  // .. 16
+constexpr int kOverlapComputeCpu = 17;
+constexpr int kOverlapAllReduceCpu = 18;
+constexpr int kPipelinedUpdate = 19;
+constexpr int kSyncStep = 20;
+constexpr int kExchangeCpu = 21;
+constexpr int kFields = 22;
 // About how long the overlapped AllReduces run (seconds), in calls every rank agrees on.
 constexpr double kOverlapBudgetS = 0.5;
 constexpr double kSyncBudgetS = 0.4;
@@ -405,6 +405,7 @@ void RunProbe(const ProbeArgs& args) {
   std::vector<double> compute_by_rank;
   double allreduce_small = 0, allreduce_mid = 0, allreduce_large = 0;  // the slowest rank's
   double overlap_compute = 0, overlap_allreduce = 0;                    // the slowest rank's
+  double sync_step = 0;  // the slowest rank's width-1 step (kMidChunk)
   // The CPU shares of the rank that computes slowest (they go with its C); the AllReduce's CPU
   // time per call, the median over ranks (small, mid, large chunks).
   double compute_cpu_share = 0, cpu_share = 0;
@@ -427,6 +428,7 @@ void RunProbe(const ProbeArgs& args) {
       allreduce_large = std::max(allreduce_large, all[kFields * r + 9]);
       overlap_compute = std::max(overlap_compute, all[kFields * r + kOverlapCompute]);
       overlap_allreduce = std::max(overlap_allreduce, all[kFields * r + kOverlapAllReduce]);
+      sync_step = std::max(sync_step, all[kFields * r + kSyncStep]);
     }
     overhead = Median(ovh);
     reduce = Median(rho);
@@ -492,6 +494,7 @@ void RunProbe(const ProbeArgs& args) {
   // The transport's CPU time per byte sent and per message, from the AllReduce's CPU time with
   // many chunks and with few; with the shares, the model's CPU bound.
   train::TransportCpu transport_cpu;
+  double sync_overhead = 0;
   if (env.world_size > 1) {
     transport_cpu = train::FitTransportCpu(fit_in, {double(kSmallChunk), cpu_allreduce[0]},
                                            {double(kLargeChunk), cpu_allreduce[2]});
@@ -505,13 +508,7 @@ void RunProbe(const ProbeArgs& args) {
                 cpu_allreduce[2] * 1e3, static_cast<unsigned long long>(kLargeChunk),
                 transport_cpu.s_per_byte * 1e9, transport_cpu.s_per_message * 1e6,
                 big_message_cpu * 1e9, compute_cpu_share, cpu_share);
-  }
-  // sigma: the slowest rank's width-1 step beyond what the model gives it at that chunk size.
-  double sync_step = 0, sync_overhead = 0;
-  if (env.world_size > 1) {
-    for (int r = 0; r < env.world_size; ++r) {
-      sync_step = std::max(sync_step, all[kFields * r + kSyncStep]);
-    }
+    // sigma: the slowest rank's width-1 step beyond what the model gives it at that chunk size.
     fit_in.compute_s = compute;
     fit_in.update_s = update;
     fit_in.compute_cpu_share = compute_cpu_share;

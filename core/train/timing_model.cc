@@ -114,10 +114,19 @@ double UpdateTime(const TimingInputs& in, int width) {
   return width >= 2 && in.pipelined_update_s > 0 ? in.pipelined_update_s : in.update_s;
 }
 
+namespace {
+
+// max(s, s_c): the CPU a rank gets; 0 where the shares are not known (no CPU bound).
+double RankCpu(const TimingInputs& in) {
+  return in.compute_cpu_share > 0 ? std::max(in.cpu_share, in.compute_cpu_share) : 0;
+}
+
+}  // namespace
+
 double CpuBoundTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes,
                     int width) {
-  const double share = std::max(in.cpu_share, in.compute_cpu_share);
-  if (in.compute_cpu_share <= 0 || share <= 0) return 0;
+  const double share = RankCpu(in);
+  if (share <= 0) return 0;
   return ((in.compute_s + UpdateTime(in, width)) * in.compute_cpu_share +
           RingAllReduceCpuTime(in, codec, chunk_bytes)) /
          share;
@@ -187,8 +196,8 @@ double PsAsyncTime(const TimingInputs& in, const CodecCost& codec) {
 }
 
 double PsAsyncCpuBoundTime(const TimingInputs& in, const CodecCost& codec) {
-  const double share = std::max(in.cpu_share, in.compute_cpu_share);
-  if (in.compute_cpu_share <= 0 || share <= 0) return 0;
+  const double share = RankCpu(in);
+  if (share <= 0) return 0;
   const double w = in.workers, m = in.model_bytes, s_c = in.compute_cpu_share;
   // One gradient in and one model out per push, one message each.
   const double per_byte = in.big_message_cpu_s_per_byte > 0 ? in.big_message_cpu_s_per_byte
@@ -228,11 +237,11 @@ ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& cod
   for (const CodecCost& codec : codecs) {
     // The PS modes send float32 (they ignore comm.compression): no rows they cannot run.
     if (codec.name == "none") {
-      report.rows.push_back({"ps_sync", codec.name, 0, PsSyncTime(in, codec), compute,
-                             std::max(0.0, PsSyncTime(in, codec) - compute), 0, {}});
-      report.rows.push_back({"ps_async", codec.name, 0, PsAsyncTime(in, codec), compute,
-                             std::max(0.0, PsAsyncTime(in, codec) - compute),
-                             PsAsyncCpuBoundTime(in, codec), {}});
+      const double sync = PsSyncTime(in, codec), async = PsAsyncTime(in, codec);
+      report.rows.push_back({"ps_sync", codec.name, 0, sync, compute,
+                             std::max(0.0, sync - compute), 0, {}});
+      report.rows.push_back({"ps_async", codec.name, 0, async, compute,
+                             std::max(0.0, async - compute), PsAsyncCpuBoundTime(in, codec), {}});
     }
     // Each scheme at the chunk size it is fastest with (the CPU bound can favour another than
     // the AllReduce alone does); among equals (width 2 hiding the AllReduce), the fastest
