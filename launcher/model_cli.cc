@@ -157,8 +157,11 @@ void RunModel(const ModelArgs& a) {
   }
   std::vector<std::string> missing;
   if (in.model_bytes <= 0) missing.push_back("--model-bytes (> 0)");
-  if (in.latency_s < 0) missing.push_back("--latency-s (>= 0)");
-  if (in.bandwidth_Bps <= 0) missing.push_back("--bandwidth-Bps or --link-rate (> 0)");
+  // One worker has no AllReduce and no server: nothing crosses a link.
+  if (in.workers > 1 && in.latency_s < 0) missing.push_back("--latency-s (>= 0)");
+  if (in.workers > 1 && in.bandwidth_Bps <= 0) {
+    missing.push_back("--bandwidth-Bps or --link-rate-bps (> 0)");
+  }
   if (in.compute_s < 0) missing.push_back("--compute-s (>= 0)");
   if (!missing.empty()) {
     Throw(ErrorCode::kInvalidArgument, "model: give {} (or --probe FILE from pipesgd probe --json)",
@@ -189,6 +192,10 @@ void RunModel(const ModelArgs& a) {
               in.contention, in.overlap_compute_factor, in.overlap_allreduce_factor,
               in.compute_cpu_share, in.cpu_share, in.transport_cpu_s_per_byte * 1e9,
               in.transport_cpu_s_per_message * 1e6, in.big_message_cpu_s_per_byte * 1e9);
+  if (in.workers == 1) {
+    std::printf("# one worker: no AllReduce and no parameter server; each row is compute and "
+                "update alone\n");
+  }
   if (in.compute_cpu_share <= 0) {
     std::printf("# no CPU shares (a probe of an earlier version, or none): no CPU bound\n");
   }

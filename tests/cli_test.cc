@@ -999,6 +999,35 @@ TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
   ExpectError(bad, {"--model-bytes", "--latency-s", "--compute-s"});
 }
 
+// A user's first try on one machine: `probe -np 1` measures no link, and `model` used to ask
+// for --bandwidth-Bps anyway (and name an option, --link-rate, that does not exist).
+TEST(TimingModelCli, OneWorkerNeedsNoLink) {
+  TempDir dir;
+  const std::string json = dir.path("probe1.json");
+  auto p = RunCommand({kBinary, "probe", "-np", "1", kConfig, "--set", "data.train_limit=2048",
+                       "--compute-steps", "3", "--json", json},
+                      {}, 120);
+  ASSERT_EQ(p.exit_code, 0) << p.out << p.err;
+  auto m = RunCommand({kBinary, "model", "--probe", json});
+  ASSERT_EQ(m.exit_code, 0) << m.out << m.err;
+  EXPECT_NE(m.out.find("# one worker: no AllReduce and no parameter server"), std::string::npos)
+      << m.out;
+  EXPECT_EQ(m.out.find("ps_sync"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("best: ring_sync, compression none, pipeline width 1, chunk -: "),
+            std::string::npos)
+      << m.out;
+  // By hand: C + U = 11 ms, nothing else.
+  auto h = RunCommand({kBinary, "model", "-np", "1", "--model-bytes", "4e6", "--compute-s", "0.01",
+                       "--update-s", "0.001"});
+  ASSERT_EQ(h.exit_code, 0) << h.out << h.err;
+  EXPECT_NE(h.out.find("best: ring_sync, compression none, pipeline width 1, chunk -: 11.000 ms"),
+            std::string::npos)
+      << h.out;
+  ExpectError(RunCommand({kBinary, "model", "-np", "2", "--model-bytes", "4e6", "--compute-s",
+                          "0.01", "--latency-s", "0"}),
+              {"--bandwidth-Bps or --link-rate-bps (> 0)"});
+}
+
 TEST(ParameterServer, OneRankIsRefusedByName) {
   ExpectError(Worker({"train.mode=PS_SYNC"}), {"train.mode = PS_SYNC needs at least 2 ranks"});
   ExpectError(Worker({"train.mode=sdpipe"}),

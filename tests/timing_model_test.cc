@@ -297,5 +297,27 @@ TEST(TimingModel, PredictAllPicksTheFastest) {
   EXPECT_NEAR(report.best.iteration_s, 0.03666, 1e-12);
 }
 
+// One worker: no link was measured (the probe of one rank has B = 0), none is needed; the
+// rows are C + U alone, no codec (nothing is sent), no PS (it needs 2 ranks) and no chunk.
+TEST(TimingModel, OneWorkerNeedsNoLink) {
+  TimingInputs in = Lab();
+  in.workers = 1;
+  in.bandwidth_Bps = 0;
+  in.latency_s = 0;
+  EXPECT_EQ(RingAllReduceTime(in, kNone, 1e6), 0);
+  const ModelReport report = PredictAll(in, {kNone, {"q8", 4, 2e-9}}, std::vector<double>{1e6});
+  ASSERT_EQ(report.rows.size(), 2u);
+  EXPECT_EQ(report.rows[0].scheme, "ring_sync");
+  EXPECT_EQ(report.rows[1].scheme, "pipe_k2");
+  for (const SchemePrediction& row : report.rows) {
+    EXPECT_EQ(row.codec, "none");
+    EXPECT_NEAR(row.iteration_s, 0.011, 1e-15) << row.scheme;
+    EXPECT_EQ(row.comm_s, 0) << row.scheme;
+    EXPECT_EQ(row.chunk_bytes, 0) << row.scheme;
+  }
+  EXPECT_EQ(report.best.scheme, "ring_sync");  // ties with width 2, which adds staleness
+  EXPECT_EQ(report.best_width, 1);
+}
+
 }  // namespace
 }  // namespace pipesgd::train

@@ -10,9 +10,11 @@ namespace pipesgd::train {
 
 RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
   PSGD_CHECK_GE(in.workers, 1);
-  PSGD_CHECK(in.bandwidth_Bps > 0 && codec.ratio >= 1 && chunk_bytes > 0);
+  PSGD_CHECK(codec.ratio >= 1 && chunk_bytes > 0);
   RingTerms t;
+  // One rank has no link to measure: its probe has no bandwidth, and needs none.
   if (in.workers == 1 || in.model_bytes <= 0) return t;
+  PSGD_CHECK(in.bandwidth_Bps > 0);
   const double w = in.workers;
   const double steps = 2 * (w - 1);
   const double block = in.model_bytes / w;
@@ -235,8 +237,10 @@ ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& cod
   ModelReport report;
   const double compute = in.compute_s + in.update_s;
   for (const CodecCost& codec : codecs) {
+    // One worker sends nothing: a codec changes no time, and a server's link was not measured.
+    if (in.workers == 1 && codec.name != "none") continue;
     // The PS modes send float32 (they ignore comm.compression): no rows they cannot run.
-    if (codec.name == "none") {
+    if (codec.name == "none" && in.workers > 1) {
       const double sync = PsSyncTime(in, codec), async = PsAsyncTime(in, codec);
       report.rows.push_back({"ps_sync", codec.name, 0, sync, compute,
                              std::max(0.0, sync - compute), 0, {}});
@@ -257,7 +261,9 @@ ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& cod
         }
       }
       const RingTerms terms = RingAllReduceTerms(in, codec, chunk);
-      report.rows.push_back({width == 1 ? "ring_sync" : "pipe_k2", codec.name, chunk, best_t,
+      // One worker has no ring, so no chunk to advise.
+      report.rows.push_back({width == 1 ? "ring_sync" : "pipe_k2", codec.name,
+                             in.workers > 1 ? chunk : 0, best_t,
                              in.compute_s + UpdateTime(in, width), terms.total_s,
                              CpuBoundTime(in, codec, chunk, width), terms});
     }
