@@ -4,7 +4,12 @@
 # Sets: master (node 0's address), tmp (a scratch directory), goodput_gbps. Defines run_mode,
 # for the training experiments (BIN, CONFIG and the COMMON argument array set by the caller).
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; scripts/lab down >/dev/null 2>&1 || true; }
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  scripts/lab down >/dev/null 2>&1 || true
+  # The runs' scratch (their outputs and logs): the results were copied out of it.
+  [[ -z "${tmp:-}" ]] || rm -rf "$tmp"
+}
 trap cleanup EXIT
 scripts/lab up 4
 scripts/lab shape "$RATE"

@@ -30,6 +30,7 @@ COMMON=(--set "train.max_steps=$STEPS" --set data.test_limit=1000 --set train.pr
 
 if [[ "$WHERE" == loopback ]]; then
   tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
   run_mode() {  # run_mode NAME --set ...  (NP ranks, 4 unless set)
     local name="$1"; shift
     OPENBLAS_NUM_THREADS=1 timeout 900 "$BIN" run -np "${NP:-4}" "$CONFIG" "${COMMON[@]}" "$@" \
