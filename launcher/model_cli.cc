@@ -29,6 +29,9 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
                                      const train::TimingInputs& in) {
   std::vector<std::string> lines;
   if (!probe.is_object() || !probe.contains("per_rank")) return lines;
+  // One rank timed no AllReduce; with --np another world size the model answers a question the
+  // probe did not measure.
+  if (in.workers == 1 || probe.value("workers", 0.0) != in.workers) return lines;
   auto spread = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return fmt::format("{:.3f} / {:.3f} / {:.3f} ms", v.front() * 1e3, Median(v) * 1e3,
@@ -45,7 +48,14 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
       if (r.contains("sync_step_s")) sync_step.push_back(r.at("sync_step_s").get<double>());
       if (r.contains("allreduce_s")) {
         for (const auto& [chunk, sec] : r.at("allreduce_s").items()) {
-          allreduce[std::strtod(chunk.c_str(), nullptr)].push_back(sec.get<double>());
+          char* end = nullptr;
+          const double bytes = std::strtod(chunk.c_str(), &end);
+          if (end == chunk.c_str() || *end != '\0' || !(bytes >= 1) || !std::isfinite(bytes)) {
+            Throw(ErrorCode::kInvalidArgument,
+                  "model --probe {}: per_rank allreduce_s key \"{}\": expected a chunk size in "
+                  "bytes (>= 1)", path, chunk);
+          }
+          allreduce[bytes].push_back(sec.get<double>());
         }
       }
     }
@@ -63,6 +73,11 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
     }
     if (!sync_step.empty() && probe.contains("sync_step_s")) {
       const double chunk = probe.at("sync_step_s").at("chunk_bytes").get<double>();
+      if (!(chunk >= 1) || !std::isfinite(chunk)) {
+        Throw(ErrorCode::kInvalidArgument,
+              "model --probe {}: sync_step_s chunk_bytes = {}: expected a size in bytes (>= 1)",
+              path, chunk);
+      }
       const double model = train::RingSyncTime(in, train::CodecCost{}, chunk);
       lines.push_back(fmt::format(
           "measured width-1 step (none) at {:.0f} B chunks: {}; the model gives {:.3f} ms ({:+.1f}% "
@@ -90,7 +105,13 @@ void RunModel(const ModelArgs& a) {
     try {
       j = nlohmann::json::parse(f);
       probe = j;
-      in.workers = j.at("workers").get<int>();
+      const double workers = j.at("workers").get<double>();
+      if (!(workers >= 1 && workers <= (1 << 20) && workers == std::floor(workers))) {
+        Throw(ErrorCode::kInvalidArgument,
+              "model --probe {}: workers = {}: expected an integer in [1, 1048576]", a.probe_json,
+              workers);
+      }
+      in.workers = static_cast<int>(workers);
       in.model_bytes = j.at("model_bytes").get<double>();
       in.latency_s = j.at("latency_s").get<double>();
       in.bandwidth_Bps = j.at("bandwidth_Bps").get<double>();
@@ -123,6 +144,7 @@ void RunModel(const ModelArgs& a) {
     in.latency_s = -1;
     in.compute_s = -1;
   }
+  const int probed_workers = in.workers;
   if (a.workers > 0) in.workers = a.workers;
   if (a.model_bytes > 0) in.model_bytes = a.model_bytes;
   if (a.latency_s >= 0) in.latency_s = a.latency_s;
@@ -141,6 +163,33 @@ void RunModel(const ModelArgs& a) {
             a.probe_json, name, f);
     }
   }
+  if (!a.probe_json.empty()) {
+    // The fields every probe has; a negative or non-finite one would give negative or NaN times.
+    for (const auto& [name, v] : {std::pair{"model_bytes", in.model_bytes},
+                                  std::pair{"latency_s", in.latency_s},
+                                  std::pair{"bandwidth_Bps", in.bandwidth_Bps},
+                                  std::pair{"chunk_overhead_s", in.chunk_overhead_s},
+                                  std::pair{"compute_s", in.compute_s},
+                                  std::pair{"update_s", in.update_s},
+                                  std::pair{"reduce_s_per_byte", in.reduce_s_per_byte}}) {
+      if (!(v >= 0) || !std::isfinite(v)) {
+        Throw(ErrorCode::kInvalidArgument, "model --probe {}: {} = {}: expected a number >= 0",
+              a.probe_json, name, v);
+      }
+    }
+    if (!(in.contention >= 0 && in.contention <= 1)) {
+      Throw(ErrorCode::kInvalidArgument, "model --probe {}: contention = {}: expected a number in "
+            "[0, 1]", a.probe_json, in.contention);
+    }
+    for (const train::CodecCost& c : codecs) {
+      if (!(c.ratio >= 1) || !std::isfinite(c.ratio) || !(c.s_per_byte >= 0) ||
+          !std::isfinite(c.s_per_byte)) {
+        Throw(ErrorCode::kInvalidArgument,
+              "model --probe {}: codec {}: ratio = {}, s_per_byte = {}: expected a ratio >= 1 and "
+              "a cost >= 0", a.probe_json, c.name, c.ratio, c.s_per_byte);
+      }
+    }
+  }
   for (const auto& [name, v] : {std::pair{"compute_cpu_share", in.compute_cpu_share},
                                 std::pair{"cpu_share", in.cpu_share},
                                 std::pair{"pipelined_update_s", in.pipelined_update_s},
@@ -155,6 +204,12 @@ void RunModel(const ModelArgs& a) {
             a.probe_json, name, v);
     }
   }
+  // A probe of one rank measured no link: its zeros are not a latency or a bandwidth for more.
+  if (!a.probe_json.empty() && probed_workers == 1 && in.workers > 1) {
+    if (a.latency_s < 0) in.latency_s = -1;
+    if (a.bandwidth_Bps <= 0 && a.link_rate_bps <= 0) in.bandwidth_Bps = 0;
+  }
+  if (in.workers == 1 && in.latency_s < 0) in.latency_s = 0;  // no link: nothing to wait for
   std::vector<std::string> missing;
   if (in.model_bytes <= 0) missing.push_back("--model-bytes (> 0)");
   // One worker has no AllReduce and no server: nothing crosses a link.
@@ -181,6 +236,15 @@ void RunModel(const ModelArgs& a) {
   const std::vector<double> chunks =
       a.chunk_bytes > 0 ? std::vector<double>{a.chunk_bytes} : train::DefaultChunkSizes();
   const train::ModelReport report = train::PredictAll(in, codecs, chunks);
+  for (const auto& row : report.rows) {
+    if (!std::isfinite(row.iteration_s)) {
+      Throw(ErrorCode::kInvalidArgument,
+            "model: {} with {} gives {} s per iteration from W = {}, M = {} B, alpha = {} s, "
+            "B = {} B/s, C = {} s: expected inputs whose times are finite",
+            row.scheme, row.codec, row.iteration_s, in.workers, in.model_bytes, in.latency_s,
+            in.bandwidth_Bps, in.compute_s);
+    }
+  }
 
   std::printf("# pipesgd model: W=%d workers, M=%.0f bytes, alpha=%.1f us, B=%.3f MB/s, C=%.3f ms, "
               "U=%.3f ms (U_K=%.3f ms), sigma=%.3f ms, rho=%.4f ns/B, o=%.2f us, gamma=%.3f, "
@@ -196,7 +260,7 @@ void RunModel(const ModelArgs& a) {
     std::printf("# one worker: no AllReduce and no parameter server; each row is compute and "
                 "update alone\n");
   }
-  if (in.compute_cpu_share <= 0) {
+  if (in.compute_cpu_share <= 0 && in.workers > 1) {
     std::printf("# no CPU shares (a probe of an earlier version, or none): no CPU bound\n");
   }
   // Each row next to what it is made of: C + U, the communication, and for the ring schemes
@@ -255,6 +319,13 @@ void RunModel(const ModelArgs& a) {
               report.best.chunk_bytes > 0 ? fmt::format("{:.0f} B", report.best.chunk_bytes).c_str()
                                           : "-",
               report.best.iteration_s * 1e3);
+  if (report.best.scheme.rfind("ps_", 0) == 0) {
+    // The probe's W ranks all train; a PS job of W workers needs one more, the server.
+    std::printf("# %s: W = %d workers and one more rank for the server (run -np %d, "
+                "train.mode = %s)\n",
+                report.best.scheme.c_str(), in.workers, in.workers + 1,
+                report.best.scheme == "ps_sync" ? "PS_SYNC" : "PS_ASYNC");
+  }
   if (!a.json_path.empty()) {
     nlohmann::json j = {{"workers", in.workers},
                         {"model_bytes", in.model_bytes},

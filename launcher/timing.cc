@@ -536,10 +536,14 @@ void RunProbe(const ProbeArgs& args) {
                 compute_factor, overlap_allreduce * 1e3, allreduce_factor);
   }
   std::printf("# for the model: the slowest link and the slowest rank: latency %.1f us, bandwidth "
-              "%.2f MB/s fitted to the ring's AllReduce (%.2f MB/s a link alone), compute %.3f ms, "
+              "%.2f MB/s %s (%.2f MB/s a link alone), compute %.3f ms, "
               "update %.3f ms (%.3f ms pipelined); median over ranks: chunk overhead %.2f us, "
               "reduce %.4f ns/B\n",
-              latency * 1e6, bandwidth / 1e6, alone / 1e6, compute * 1e3, update * 1e3,
+              latency * 1e6, bandwidth / 1e6,
+              env.world_size == 1 ? "(one rank: no link)"
+              : bandwidth_fitted  ? "fitted to the ring's AllReduce"
+                                  : "from the exchange (not fitted)",
+              alone / 1e6, compute * 1e3, update * 1e3,
               pipelined_update * 1e3, overhead * 1e6, reduce * 1e9);
   if (!args.json_path.empty()) {
     nlohmann::json j = {{"world_size", env.world_size},

@@ -954,6 +954,52 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   }
   ExpectError(RunCommand({kBinary, "model", "--probe", dir.path("negative.json")}),
               {"negative.json: cpu_share = -0.5: expected a number >= 0"});
+  // Every field the model reads is checked and named: these aborted on an invariant (workers 0,
+  // ratio 0, a chunk key that is not a size), wrapped (1e308 workers) or gave negative or NaN
+  // times with exit 0.
+  const auto refused = [&](const std::string& name, auto edit,
+                           const std::vector<std::string>& expected) {
+    auto bad = j;
+    edit(bad);
+    {
+      std::ofstream out(dir.path(name));
+      out << bad.dump();
+    }
+    auto r = RunCommand({kBinary, "model", "--probe", dir.path(name)});
+    ExpectError(r, expected);
+    EXPECT_EQ(r.err.find("invariant"), std::string::npos) << name << ": " << r.err;
+  };
+  refused("w0.json", [](auto& b) { b["workers"] = 0; },
+          {"w0.json: workers = 0: expected an integer in [1, 1048576]"});
+  refused("wbig.json", [](auto& b) { b["workers"] = 1e308; }, {"wbig.json: workers = 1e+308"});
+  refused("wfrac.json", [](auto& b) { b["workers"] = 2.5; }, {"wfrac.json: workers = 2.5"});
+  refused("ratio.json", [](auto& b) { b["codecs"][1]["ratio"] = 0; },
+          {"ratio.json: codec", "ratio = 0", "expected a ratio >= 1 and a cost >= 0"});
+  refused("update.json", [](auto& b) { b["update_s"] = -1; },
+          {"update.json: update_s = -1: expected a number >= 0"});
+  refused("gamma.json", [](auto& b) { b["contention"] = 5; },
+          {"gamma.json: contention = 5: expected a number in [0, 1]"});
+  refused("key.json",
+          [](auto& b) {
+            auto& t = b["per_rank"][0]["allreduce_s"];
+            t["abc"] = t.begin().value();
+          },
+          {"key.json: per_rank allreduce_s key \"abc\": expected a chunk size in bytes"});
+  refused("sync.json", [](auto& b) { b["sync_step_s"]["chunk_bytes"] = 0; },
+          {"sync.json: sync_step_s chunk_bytes = 0: expected a size in bytes (>= 1)"});
+  refused("huge.json", [](auto& b) { b["model_bytes"] = 1e308; },
+          {"gives -nan s per iteration", "M = 1e+308 B", "expected inputs whose times are finite"});
+  // One worker over a probe of 3 ranks: C + U alone (no sigma: it waits for no AllReduce), width
+  // 1, and none of the 3 ranks' measurements set beside a model of another world.
+  auto one = RunCommand({kBinary, "model", "--probe", json, "--np", "1"});
+  ASSERT_EQ(one.exit_code, 0) << one.out << one.err;
+  const double cu = (j["compute_s"].get<double>() + j["update_s"].get<double>()) * 1e3;
+  EXPECT_NE(one.out.find(fmt::format("best: ring_sync, compression none, pipeline width 1, "
+                                     "chunk -: {:.3f} ms",
+                                     cu)),
+            std::string::npos)
+      << one.out;
+  EXPECT_EQ(one.out.find("# measured AllReduce"), std::string::npos) << one.out;
 }
 
 TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
@@ -1016,6 +1062,10 @@ TEST(TimingModelCli, OneWorkerNeedsNoLink) {
   EXPECT_NE(m.out.find("best: ring_sync, compression none, pipeline width 1, chunk -: "),
             std::string::npos)
       << m.out;
+  // Its zeros are no link for more workers: asked for, not taken as 0 us and 0 B/s.
+  ExpectError(RunCommand({kBinary, "model", "--probe", json, "--np", "4", "--link-rate-bps",
+                          "1e9"}),
+              {"model: give --latency-s (>= 0)"});
   // By hand: C + U = 11 ms, nothing else.
   auto h = RunCommand({kBinary, "model", "-np", "1", "--model-bytes", "4e6", "--compute-s", "0.01",
                        "--update-s", "0.001"});
@@ -1026,6 +1076,50 @@ TEST(TimingModelCli, OneWorkerNeedsNoLink) {
   ExpectError(RunCommand({kBinary, "model", "-np", "2", "--model-bytes", "4e6", "--compute-s",
                           "0.01", "--latency-s", "0"}),
               {"--bandwidth-Bps or --link-rate-bps (> 0)"});
+  // A PS best says how many ranks its job takes: the probe's W all trained, a PS job adds the
+  // server. ps_async by hand: max(C + 2 alpha + 2M/B, W M/B) = max(0.0742, 0.064) s.
+  auto ps = RunCommand({kBinary, "model", "-np", "2", "--model-bytes", "4e6", "--latency-s",
+                        "1e-4", "--bandwidth-Bps", "1.25e8", "--compute-s", "0.01",
+                        "--chunk-overhead-s", "1e-2", "--chunk-bytes", "4096"});
+  ASSERT_EQ(ps.exit_code, 0) << ps.err;
+  EXPECT_NE(ps.out.find("best: ps_async, compression none, pipeline width 1, chunk -: 74.200 ms "
+                        "per iteration\n# ps_async: W = 2 workers and one more rank for the "
+                        "server (run -np 3, train.mode = PS_ASYNC)"),
+            std::string::npos)
+      << ps.out;
+  // One worker's latency is 0, not the "not given" marker (it printed alpha=-1000000.0 us).
+  EXPECT_NE(h.out.find("alpha=0.0 us"), std::string::npos) << h.out;
+  // A 1-rank probe measured no AllReduce: no lines comparing with one (they printed -nan%).
+  EXPECT_EQ(m.out.find("nan"), std::string::npos) << m.out;
+  EXPECT_EQ(m.out.find("inf%"), std::string::npos) << m.out;
+  EXPECT_EQ(m.out.find("no CPU shares"), std::string::npos) << m.out;
+}
+
+// NaN passed CLI11's number checks and was then taken for "not given"; inf and 1e400 were
+// refused with DBL_MAX written out in full; 1e308 model bytes gave a NaN "best" with exit 0.
+TEST(TimingModelCli, NumbersMustBeFinite) {
+  const std::vector<std::string> base = {kBinary, "model", "-np", "4", "--link-rate-bps", "1e9",
+                                         "--latency-s", "5e-5", "--compute-s", "3e-3"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunCommand(args);
+  };
+  auto nan = with({"--model-bytes", "nan"});
+  EXPECT_NE(nan.exit_code, 0);
+  EXPECT_NE(nan.err.find("--model-bytes: nan: expected a finite number > 0"), std::string::npos)
+      << nan.err;
+  auto big = with({"--model-bytes", "940584", "--update-s", "1e400"});
+  EXPECT_NE(big.exit_code, 0);
+  EXPECT_NE(big.err.find("--update-s: 1e400: expected a finite number >= 0"), std::string::npos)
+      << big.err;
+  EXPECT_EQ(big.err.find("179769"), std::string::npos) << big.err;
+  auto word = with({"--model-bytes", "abc"});
+  EXPECT_NE(word.err.find("--model-bytes: abc: not a number"), std::string::npos) << word.err;
+  auto gamma = with({"--model-bytes", "940584", "--contention", "nan"});
+  EXPECT_NE(gamma.exit_code, 0);
+  ExpectError(with({"--model-bytes", "1e308"}),
+              {"gives -nan s per iteration", "expected inputs whose times are finite"});
 }
 
 TEST(ParameterServer, OneRankIsRefusedByName) {

@@ -159,7 +159,7 @@ TransportCpu FitTransportCpu(const TimingInputs& in, TimedCpu small, TimedCpu la
 double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
   return std::max(in.compute_s + in.update_s + RingAllReduceTime(in, codec, chunk_bytes),
                   CpuBoundTime(in, codec, chunk_bytes, 1)) +
-         in.sync_overhead_s;
+         (in.workers > 1 ? in.sync_overhead_s : 0);  // one worker waits for no AllReduce
 }
 
 double FitSyncOverhead(const TimingInputs& in, double chunk_bytes, double measured_step_s) {
