@@ -181,6 +181,14 @@ void RunModel(const ModelArgs& a) {
       Throw(ErrorCode::kInvalidArgument, "model --probe {}: contention = {}: expected a number in "
             "[0, 1]", a.probe_json, in.contention);
     }
+    // codecs[0] is the baseline every row's "vs none" and the AllReduce line compare with.
+    if (codecs.empty() || codecs[0].name != "none") {
+      std::vector<std::string> names;
+      for (const auto& c : codecs) names.push_back(c.name);
+      Throw(ErrorCode::kInvalidArgument,
+            "model --probe {}: codecs = [{}]: expected the list a probe writes, \"none\" first",
+            a.probe_json, fmt::join(names, ", "));
+    }
     for (const train::CodecCost& c : codecs) {
       if (!(c.ratio >= 1) || !std::isfinite(c.ratio) || !(c.s_per_byte >= 0) ||
           !std::isfinite(c.s_per_byte)) {

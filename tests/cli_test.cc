@@ -987,6 +987,10 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
           {"key.json: per_rank allreduce_s key \"abc\": expected a chunk size in bytes"});
   refused("sync.json", [](auto& b) { b["sync_step_s"]["chunk_bytes"] = 0; },
           {"sync.json: sync_step_s chunk_bytes = 0: expected a size in bytes (>= 1)"});
+  refused("nocodec.json", [](auto& b) { b["codecs"] = nlohmann::json::array(); },
+          {"nocodec.json: codecs = []: expected the list a probe writes, \"none\" first"});
+  refused("renamed.json", [](auto& b) { b["codecs"][0]["name"] = "bogus"; },
+          {"renamed.json: codecs = [bogus, "});
   refused("huge.json", [](auto& b) { b["model_bytes"] = 1e308; },
           {"gives -nan s per iteration", "M = 1e+308 B", "expected inputs whose times are finite"});
   // One worker over a probe of 3 ranks: C + U alone (no sigma: it waits for no AllReduce), width
