@@ -35,22 +35,21 @@ constexpr const char* kSetHelp =
     "Override a config field by its path, e.g. --set train.pipeline_width=1 or "
     "--set model.layers[0].linear.out_features=512 (repeatable; applied in order)";
 
-// A finite number at or above `lo` (above it if `strict`). CLI11's own number checks let NaN
-// through, which the model then took for "not given", and print their range with DBL_MAX
-// written out in full.
-CLI::Validator FiniteNumber(double lo, bool strict) {
+// A finite number >= 0 (> 0 if `positive`). CLI11's own number checks let NaN through, which
+// the model then took for "not given", and print their range with DBL_MAX written out in full.
+CLI::Validator FiniteNumber(bool positive) {
+  const std::string rule = positive ? "> 0" : ">= 0";
   return CLI::Validator(
-      [lo, strict](std::string& text) -> std::string {
+      [positive, rule](std::string& text) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         if (end == text.c_str() || *end != '\0') return text + ": not a number";
-        if (!std::isfinite(v) || (strict ? !(v > lo) : !(v >= lo))) {
-          return text + ": expected a finite number " + (strict ? "> " : ">= ") +
-                 std::to_string(static_cast<int>(lo));
+        if (!std::isfinite(v) || (positive ? !(v > 0) : !(v >= 0))) {
+          return text + ": expected a finite number " + rule;
         }
         return "";
       },
-      strict ? "NUMBER > 0" : "NUMBER >= 0");
+      "NUMBER " + rule);
 }
 
 }  // namespace
@@ -360,31 +359,31 @@ int main(int argc, char** argv) {
   model_cmd->add_option("--np,--workers", model.workers, "W: workers (ring: world size; PS: world size - 1)")
       ->check(CLI::Range(1, 1 << 20));
   model_cmd->add_option("--model-bytes", model.model_bytes, "M: gradient bytes (4 x parameters)")
-      ->check(FiniteNumber(0, true));
+      ->check(FiniteNumber(true));
   model_cmd->add_option("--latency-s", model.latency_s, "alpha: one-way latency, seconds")
-      ->check(FiniteNumber(0, false));
+      ->check(FiniteNumber(false));
   model_cmd->add_option("--bandwidth-Bps", model.bandwidth_Bps, "B: link bandwidth, bytes/s")
-      ->check(FiniteNumber(0, true));
+      ->check(FiniteNumber(true));
   model_cmd->add_option("--link-rate-bps", model.link_rate_bps, "B = RATE / 8 (e.g. 1e9 for 1gbit)")
-      ->check(FiniteNumber(0, true));
+      ->check(FiniteNumber(true));
   model_cmd->add_option("--compute-s", model.compute_s, "C: forward + backward per step, seconds")
-      ->check(FiniteNumber(0, false));
+      ->check(FiniteNumber(false));
   model_cmd->add_option("--update-s", model.update_s, "U: optimizer update, seconds")
-      ->check(FiniteNumber(0, false));
+      ->check(FiniteNumber(false));
   model_cmd->add_option("--pipelined-update-s", model.pipelined_update_s,
                         "U_K: the update at width >= 2 with its staleness compensation, seconds "
                         "(default: U)")
-      ->check(FiniteNumber(0, false));
+      ->check(FiniteNumber(false));
   model_cmd->add_option("--reduce-s-per-byte", model.reduce_s_per_byte, "rho: float32 add, seconds per byte")
-      ->check(FiniteNumber(0, false));
+      ->check(FiniteNumber(false));
   model_cmd->add_option("--chunk-overhead-s", model.chunk_overhead_s, "o: cost of one chunk message, seconds")
-      ->check(FiniteNumber(0, false));
+      ->check(FiniteNumber(false));
   model_cmd->add_option("--contention", model.contention,
                         "gamma: share of the shorter of link and CPU time that does not overlap "
                         "the longer (0: a NIC; 1: the cores copy the bytes, as on loopback)")
-      ->check(FiniteNumber(0, false) & CLI::Range(0.0, 1.0));
+      ->check(FiniteNumber(false) & CLI::Range(0.0, 1.0));
   model_cmd->add_option("--chunk-bytes", model.chunk_bytes, "Evaluate only this chunk size (default: search 4 KiB..16 MiB)")
-      ->check(FiniteNumber(0, true));
+      ->check(FiniteNumber(true));
   model_cmd->add_option("--json", model.json_path, "Write the predictions as JSON");
 
   auto* info_cmd = app.add_subcommand(

@@ -164,19 +164,6 @@ void RunModel(const ModelArgs& a) {
     }
   }
   if (!a.probe_json.empty()) {
-    // The fields every probe has; a negative or non-finite one would give negative or NaN times.
-    for (const auto& [name, v] : {std::pair{"model_bytes", in.model_bytes},
-                                  std::pair{"latency_s", in.latency_s},
-                                  std::pair{"bandwidth_Bps", in.bandwidth_Bps},
-                                  std::pair{"chunk_overhead_s", in.chunk_overhead_s},
-                                  std::pair{"compute_s", in.compute_s},
-                                  std::pair{"update_s", in.update_s},
-                                  std::pair{"reduce_s_per_byte", in.reduce_s_per_byte}}) {
-      if (!(v >= 0) || !std::isfinite(v)) {
-        Throw(ErrorCode::kInvalidArgument, "model --probe {}: {} = {}: expected a number >= 0",
-              a.probe_json, name, v);
-      }
-    }
     if (!(in.contention >= 0 && in.contention <= 1)) {
       Throw(ErrorCode::kInvalidArgument, "model --probe {}: contention = {}: expected a number in "
             "[0, 1]", a.probe_json, in.contention);
@@ -198,15 +185,27 @@ void RunModel(const ModelArgs& a) {
       }
     }
   }
-  for (const auto& [name, v] : {std::pair{"compute_cpu_share", in.compute_cpu_share},
-                                std::pair{"cpu_share", in.cpu_share},
-                                std::pair{"pipelined_update_s", in.pipelined_update_s},
-                                std::pair{"sync_overhead_s", in.sync_overhead_s},
-                                std::pair{"big_message_cpu_s_per_byte",
-                                          in.big_message_cpu_s_per_byte},
-                                std::pair{"transport_cpu_s_per_byte", in.transport_cpu_s_per_byte},
-                                std::pair{"transport_cpu_s_per_message",
-                                          in.transport_cpu_s_per_message}}) {
+  // Fields only newer probes write (0 without one), then those every probe has (without one,
+  // -1 marks "not given"): a negative or non-finite one would give negative or NaN times.
+  std::vector<std::pair<const char*, double>> non_negative = {
+      {"compute_cpu_share", in.compute_cpu_share},
+      {"cpu_share", in.cpu_share},
+      {"pipelined_update_s", in.pipelined_update_s},
+      {"sync_overhead_s", in.sync_overhead_s},
+      {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
+      {"transport_cpu_s_per_byte", in.transport_cpu_s_per_byte},
+      {"transport_cpu_s_per_message", in.transport_cpu_s_per_message}};
+  if (!a.probe_json.empty()) {
+    non_negative.insert(non_negative.begin(),
+                        {{"model_bytes", in.model_bytes},
+                         {"latency_s", in.latency_s},
+                         {"bandwidth_Bps", in.bandwidth_Bps},
+                         {"chunk_overhead_s", in.chunk_overhead_s},
+                         {"compute_s", in.compute_s},
+                         {"update_s", in.update_s},
+                         {"reduce_s_per_byte", in.reduce_s_per_byte}});
+  }
+  for (const auto& [name, v] : non_negative) {
     if (!(v >= 0) || !std::isfinite(v)) {
       Throw(ErrorCode::kInvalidArgument, "model --probe {}: {} = {}: expected a number >= 0",
             a.probe_json, name, v);
