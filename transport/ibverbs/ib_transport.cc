@@ -171,6 +171,7 @@ class IbConnection final : public Connection {
   std::unique_ptr<uint8_t[], FreeDeleter> arena_;
   MrPtr arena_mr_;
   uint32_t ctrl_send_next_ = 0;
+  uint32_t ctrl_in_flight_ = 0;  // control sends posted, not yet completed (<= kCtrlSendSlots)
   int64_t posted_ = 0;  // work requests not yet completed (sends and receives)
   bool established_ = false;
   IbAddress remote_;  // for ToRts (again, after a hello retry)
@@ -206,7 +207,12 @@ class IbConnection final : public Connection {
   CtsSequence cts_seq_;
   std::array<Ctrl, kCredits> cts_;  // CTS received, not yet answered (ring)
   uint32_t cts_head_ = 0, cts_count_ = 0;
-  std::array<Outgoing, kCredits> outgoing_;  // by CTS sequence mod kCredits
+  // Writes posted and not yet completed, in posting order (the order an RC send queue completes
+  // them), each with its send staging slot. Not keyed by CTS sequence: the peer frees a credit
+  // when the data lands, which can be before this side polls the write's completion, so CTS
+  // s + kCredits may arrive while write s is still in flight.
+  CreditWindow writes_{kCredits};
+  std::array<Outgoing, kCredits> outgoing_;  // by writes_ sequence mod kCredits
   OpQueue send_;
   Op* send_op_ = nullptr;  // next send part to write
   int send_part_ = 0;
@@ -487,6 +493,7 @@ void IbConnection::PostCtrl(const Ctrl& ctrl) {
                                                       peer_rank_, std::strerror(err)));
   }
   ++posted_;
+  ++ctrl_in_flight_;
 }
 
 void IbConnection::FailWith(ErrorCode code, const std::string& what) {
@@ -569,7 +576,8 @@ void IbConnection::Pump() {
       ++adv_part_;
       continue;
     }
-    if (!credits_.CanAdvertise()) break;
+    // A control slot is rewritten only once its send completed (a retransmission reads it).
+    if (!credits_.CanAdvertise() || ctrl_in_flight_ == kCtrlSendSlots) break;
     Target target;
     target.op = &op;
     target.part = i;
@@ -618,7 +626,7 @@ void IbConnection::Pump() {
       ++send_part_;
       continue;
     }
-    if (cts_count_ == 0) break;
+    if (cts_count_ == 0 || !writes_.CanAdvertise()) break;
     const Ctrl cts = cts_[cts_head_];
     cts_head_ = (cts_head_ + 1) % kCredits;
     --cts_count_;
@@ -628,6 +636,7 @@ void IbConnection::Pump() {
                                   "(part {} of a send): the two sides' ops do not mirror each other",
                                   peer_rank_, cts.length, part.bytes, i));
     }
+    const uint32_t write = writes_.Advertise();
     Outgoing out;
     out.op = &op;
     out.part = i;
@@ -637,7 +646,7 @@ void IbConnection::Pump() {
       sge.addr = reinterpret_cast<uint64_t>(part.data);
       sge.lkey = mr->lkey;
     } else if (part.bytes <= kStageBytes) {
-      uint8_t* slot = StageSend(cts.seq % kCredits);
+      uint8_t* slot = StageSend(write % kCredits);
       std::memcpy(slot, part.data, part.bytes);
       sge.addr = reinterpret_cast<uint64_t>(slot);
       sge.lkey = arena_mr_->lkey;
@@ -651,7 +660,7 @@ void IbConnection::Pump() {
       sge.lkey = out.temp->lkey;
     }
     ibv_send_wr wr{};
-    wr.wr_id = WrId(index_, WrKind::kWrite, cts.seq);
+    wr.wr_id = WrId(index_, WrKind::kWrite, write);
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.imm_data = htonl(cts.seq);
     wr.sg_list = &sge;
@@ -659,7 +668,7 @@ void IbConnection::Pump() {
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.wr.rdma.remote_addr = cts.addr;
     wr.wr.rdma.rkey = cts.rkey;
-    outgoing_[cts.seq % kCredits] = std::move(out);
+    outgoing_[write % kCredits] = std::move(out);
     ibv_send_wr* bad = nullptr;
     if (int err = ibv_post_send(qp_.get(), &wr, &bad)) {
       return FailWith(ErrorCode::kInternal,
@@ -684,6 +693,7 @@ void IbConnection::OnCompletion(const ibv_wc& wc) {
   --posted_;
   const auto kind = static_cast<WrKind>((wc.wr_id >> 32) & 0xff);
   const auto n = static_cast<uint32_t>(wc.wr_id & 0xffffffff);
+  if (kind == WrKind::kCtrlSend) --ctrl_in_flight_;  // flushed or not, its slot is free
   if (wc.status != IBV_WC_SUCCESS) {
     // The hello (the only request before the peer's hello arrives) found no listener: retry it
     // once the flushes that follow are in (RetryHelloIfDue), not fail the connection.
@@ -760,8 +770,10 @@ void IbConnection::OnCompletion(const ibv_wc& wc) {
       if (!hello_sent_) hello_sent_ = true;  // the hello is the first control send
       break;
     case WrKind::kWrite: {
+      // An RC send queue completes in posting order; anything else is a broken invariant.
+      PSGD_CHECK_EQ(writes_.Consume(n), std::string());
       Outgoing& o = outgoing_[n % kCredits];
-      if (!o.op) break;
+      PSGD_CHECK(o.op != nullptr);
       o.op->bytes_done += o.op->parts[o.part].bytes;
       o.op->seq_ |= uint64_t{1} << o.part;
       o = Outgoing{};
