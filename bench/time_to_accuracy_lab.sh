@@ -58,7 +58,7 @@ epochs_of() { [[ $1 == mlp ]] && echo "${EPOCHS_MLP:-3}" || echo "${EPOCHS_CNN:-
 ensure_torch() {
   /usr/bin/python3 -c "import torch" 2>/dev/null && return
   echo "installing Debian's python3-torch (large) for the DDP runs"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch python3-numpy >/dev/null
+  scripts/apt_install.sh time_to_accuracy python3-torch python3-numpy >/dev/null
 }
 
 run_rate() {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package that pipesgd's build, tests and data need.
-# Idempotent: packages already present are skipped, and `apt-get update` runs at most once
-# (and not at all when nothing is missing). Needs root (or sudo).
+# Idempotent: packages already present are skipped, and `apt-get update` runs only when one is
+# missing; a dpkg left mid-install by an interrupted apt is finished first (scripts/apt_install.sh).
+# Needs root (or sudo).
 set -euo pipefail
 
 PACKAGES=(
@@ -34,24 +35,4 @@ PACKAGES=(
   libgloo-dev openmpi-bin libopenmpi-dev gnuplot-nox
 )
 
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then
-  SUDO="sudo"
-fi
-
-missing=()
-for p in "${PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-
-if [[ ${#missing[@]} -eq 0 ]]; then
-  echo "install_deps: all ${#PACKAGES[@]} packages already installed"
-  exit 0
-fi
-
-echo "install_deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+exec "$(dirname "$0")/apt_install.sh" install_deps "${PACKAGES[@]}"
