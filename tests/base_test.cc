@@ -1,10 +1,11 @@
-// core/base: errors carry their code and context; deadlines expire when they should.
+// core/base: errors carry their code and context; deadlines expire when they should; the median.
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "core/base/deadline.h"
 #include "core/base/error.h"
+#include "core/base/measure.h"
 
 namespace pipesgd {
 namespace {
@@ -45,6 +46,16 @@ TEST(Deadline, MinPicksTheEarlier) {
   EXPECT_LE(far.Min(1).remaining_s(), 1.0);
   Deadline near = Deadline::After(1);
   EXPECT_EQ(near.Min(100).when(), near.when());
+}
+
+TEST(Median, MiddleSampleOrTheMeanOfTheTwoMiddleOnes) {
+  EXPECT_EQ(Median({}), 0.0);
+  EXPECT_EQ(Median({7.0}), 7.0);
+  EXPECT_EQ(Median({3.0, 1.0, 2.0}), 2.0);
+  // Two ranks: their mean, not the slower one (the spread printed min / max / max).
+  EXPECT_EQ(Median({1.0, 4.0}), 2.5);
+  EXPECT_EQ(Median({9.0, 1.0, 5.0, 3.0}), 4.0);
+  EXPECT_EQ(Median({2.0, 2.0, 2.0, 8.0}), 2.0);
 }
 
 }  // namespace
