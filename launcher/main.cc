@@ -23,6 +23,7 @@
 #include "launcher/info.h"
 #include "core/job/config.h"
 #include "launcher/hostfile.h"
+#include "launcher/process.h"
 #include "launcher/remote_rank.h"
 #include "launcher/report.h"
 #include "launcher/ssh_launcher.h"
@@ -541,6 +542,9 @@ int main(int argc, char** argv) {
       if (!step_bytes.empty()) bench.step_bytes = pipesgd::launcher::ParseBytes(step_bytes);
       bench.chunk_bytes = chunk_bytes == "auto" ? 0 : pipesgd::launcher::ParseBytes(chunk_bytes);
       pipesgd::launcher::CheckAllReduceBenchArgs(bench);  // before any rank starts
+      if (!bench.json_path.empty()) {
+        pipesgd::launcher::CheckWritableFile(bench.json_path, "--json");
+      }
       if (bench_np > 0) {
         bench_run.num_processes = bench_np;
         bench_run.worker_command = pipesgd::launcher::AllReduceBenchWorkerCommand(bench);
@@ -552,6 +556,9 @@ int main(int argc, char** argv) {
     }
     if (*probe_cmd) {
       pipesgd::InitLogging(false);
+      if (!probe.json_path.empty()) {
+        pipesgd::launcher::CheckWritableFile(probe.json_path, "probe --json");
+      }
       if (probe_np > 0) {
         probe_run.num_processes = probe_np;
         probe_run.worker_command = pipesgd::launcher::ProbeWorkerCommand(probe);

@@ -170,6 +170,26 @@ bool IsProgram(const std::string& path) {
          access(path.c_str(), X_OK) == 0 && !path.ends_with(".pbtxt");
 }
 
+void CheckWritableFile(const std::string& path, const std::string& option) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto fail = [&](std::string_view why) {
+    Throw(ErrorCode::kIo, "{} {}: cannot write: {}", option, path, why);
+  };
+  if (path.empty()) fail("an empty path");
+  if (fs::is_directory(path, ec)) fail("a directory");
+  if (fs::exists(path, ec)) {
+    if (access(path.c_str(), W_OK) != 0) fail(std::strerror(errno));
+    return;
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  if (!fs::is_directory(dir, ec)) fail(fmt::format("no folder {}", dir));
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    fail(fmt::format("folder {}: {}", dir, std::strerror(errno)));
+  }
+}
+
 std::string FindProgram(const std::string& name) {
   const auto runnable = [](const std::filesystem::path& p) {
     std::error_code ec;

@@ -71,6 +71,12 @@ std::string SelfExe();
 // file (not a .pbtxt), as `pipesgd run -np 4 ./my_program`.
 bool IsProgram(const std::string& path);
 
+// Throws Error kIo where a file cannot be written at `path` ("OPTION PATH: cannot write:
+// REASON"): a directory, a folder that is missing or not writable, a read-only file. Creates
+// and changes nothing, so that a command that writes its results at the end (probe, bench)
+// fails before it runs rather than after.
+void CheckWritableFile(const std::string& path, const std::string& option);
+
 // `name` as a child would exec it: a path containing '/' (made absolute), else the first
 // executable NAME on PATH. Throws Error kInvalidArgument naming it when there is none.
 std::string FindProgram(const std::string& name);
