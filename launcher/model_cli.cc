@@ -42,10 +42,11 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
     if (per_rank.empty()) return lines;
     std::vector<double> compute;
     std::map<double, std::vector<double>> allreduce;  // by chunk size
-    std::vector<double> sync_step;
+    std::vector<double> sync_step, pipe_step;
     for (const auto& r : per_rank) {
       compute.push_back(r.at("compute_s").get<double>());
       if (r.contains("sync_step_s")) sync_step.push_back(r.at("sync_step_s").get<double>());
+      if (r.contains("pipe_step_s")) pipe_step.push_back(r.at("pipe_step_s").get<double>());
       if (r.contains("allreduce_s")) {
         for (const auto& [chunk, sec] : r.at("allreduce_s").items()) {
           char* end = nullptr;
@@ -71,20 +72,24 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
                      *std::max_element(secs.begin(), secs.end()) -
                  1)));
     }
-    if (!sync_step.empty() && probe.contains("sync_step_s")) {
-      const double chunk = probe.at("sync_step_s").at("chunk_bytes").get<double>();
+    // The real steps of each width (the trainer at one chunk size), beside the model's.
+    const auto step_line = [&](const char* key, const std::vector<double>& steps, int width) {
+      if (steps.empty() || !probe.contains(key)) return;
+      const double chunk = probe.at(key).at("chunk_bytes").get<double>();
       if (!(chunk >= 1) || !std::isfinite(chunk)) {
         Throw(ErrorCode::kInvalidArgument,
-              "model --probe {}: sync_step_s chunk_bytes = {}: expected a size in bytes (>= 1)",
-              path, chunk);
+              "model --probe {}: {} chunk_bytes = {}: expected a size in bytes (>= 1)", path, key,
+              chunk);
       }
-      const double model = train::RingSyncTime(in, train::CodecCost{}, chunk);
+      const double model = train::PipeTime(in, train::CodecCost{}, chunk, width);
       lines.push_back(fmt::format(
-          "measured width-1 step (none) at {:.0f} B chunks: {}; the model gives {:.3f} ms ({:+.1f}% "
-          "of the slowest rank's)",
-          chunk, spread(sync_step), model * 1e3,
-          100 * (model / *std::max_element(sync_step.begin(), sync_step.end()) - 1)));
-    }
+          "measured width-{} step (none) at {:.0f} B chunks: {}; the model gives {:.3f} ms "
+          "({:+.1f}% of the slowest rank's)",
+          width, chunk, spread(steps), model * 1e3,
+          100 * (model / *std::max_element(steps.begin(), steps.end()) - 1)));
+    };
+    step_line("sync_step_s", sync_step, 1);
+    step_line("pipe_step_s", pipe_step, 2);
   } catch (const nlohmann::json::exception& e) {
     Throw(ErrorCode::kInvalidArgument, "model --probe {}: per_rank is not a probe's: {}", path,
           e.what());
@@ -128,6 +133,7 @@ void RunModel(const ModelArgs& a) {
       in.update_s = j.at("update_s").get<double>();
       in.pipelined_update_s = j.value("pipelined_update_s", 0.0);  // earlier probes: U
       in.sync_overhead_s = j.value("sync_overhead_s", 0.0);
+      in.pipe_overhead_s = j.value("pipe_overhead_s", 0.0);  // earlier probes: none
       in.big_message_cpu_s_per_byte = j.value("big_message_cpu_s_per_byte", 0.0);
       in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
       for (const auto& c : j.at("codecs")) {
@@ -192,6 +198,7 @@ void RunModel(const ModelArgs& a) {
       {"cpu_share", in.cpu_share},
       {"pipelined_update_s", in.pipelined_update_s},
       {"sync_overhead_s", in.sync_overhead_s},
+      {"pipe_overhead_s", in.pipe_overhead_s},
       {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
       {"transport_cpu_s_per_byte", in.transport_cpu_s_per_byte},
       {"transport_cpu_s_per_message", in.transport_cpu_s_per_message}};
@@ -254,12 +261,13 @@ void RunModel(const ModelArgs& a) {
   }
 
   std::printf("# pipesgd model: W=%d workers, M=%.0f bytes, alpha=%.1f us, B=%.3f MB/s, C=%.3f ms, "
-              "U=%.3f ms (U_K=%.3f ms), sigma=%.3f ms, rho=%.4f ns/B, o=%.2f us, gamma=%.3f, "
-              "width 2's overlap f_c=%.2f f_a=%.2f, CPU shares s_c=%.2f s=%.2f, transport CPU "
-              "%.3f ns/B %.2f us/message (%.3f ns/B in whole-model messages)\n",
+              "U=%.3f ms (U_K=%.3f ms), sigma=%.3f ms, sigma_2=%.3f ms, rho=%.4f ns/B, o=%.2f us, "
+              "gamma=%.3f, width 2's overlap f_c=%.2f f_a=%.2f, CPU shares s_c=%.2f s=%.2f, "
+              "transport CPU %.3f ns/B %.2f us/message (%.3f ns/B in whole-model messages)\n",
               in.workers, in.model_bytes, in.latency_s * 1e6, in.bandwidth_Bps / 1e6,
               in.compute_s * 1e3, in.update_s * 1e3, train::UpdateTime(in, 2) * 1e3,
-              in.sync_overhead_s * 1e3, in.reduce_s_per_byte * 1e9, in.chunk_overhead_s * 1e6,
+              in.sync_overhead_s * 1e3, in.pipe_overhead_s * 1e3, in.reduce_s_per_byte * 1e9,
+              in.chunk_overhead_s * 1e6,
               in.contention, in.overlap_compute_factor, in.overlap_allreduce_factor,
               in.compute_cpu_share, in.cpu_share, in.transport_cpu_s_per_byte * 1e9,
               in.transport_cpu_s_per_message * 1e6, in.big_message_cpu_s_per_byte * 1e9);
@@ -342,6 +350,7 @@ void RunModel(const ModelArgs& a) {
                         {"update_s", in.update_s},
                         {"pipelined_update_s", train::UpdateTime(in, 2)},
                         {"sync_overhead_s", in.sync_overhead_s},
+                        {"pipe_overhead_s", in.pipe_overhead_s},
                         {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
                         {"reduce_s_per_byte", in.reduce_s_per_byte},
                         {"chunk_overhead_s", in.chunk_overhead_s},

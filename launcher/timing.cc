@@ -25,6 +25,7 @@
 #include "core/train/trainer.h"
 #include "core/job/config.h"
 #include "core/job/worker.h"
+#include "core/job/worker_detail.h"
 #include "launcher/link_prober.h"
 #include "layers/model.h"
 
@@ -38,7 +39,8 @@ using Clock = std::chrono::steady_clock;
 // compute and the kLargeChunk AllReduce while both run at once (kOverlapCompute, kOverlapAllReduce),
 // the process's CPU time per second while computing (kComputeCpuShare) and while both run
 // (kCpuShare), and per AllReduce at each timed chunk size (kCpuAllReduce + i), the pipelined
-// update U_K, a real width-1 step (sigma), and the CPU per byte of whole-model messages
+// update U_K, a real width-1 step (sigma), the CPU per byte of whole-model messages, and a real
+// width-2 step (sigma_2)
 constexpr int kOverlapCompute = 10;
 constexpr int kOverlapAllReduce = 11;
 constexpr int kComputeCpuShare = 12;
@@ -49,7 +51,8 @@ constexpr int kOverlapAllReduceCpu = 18;
 constexpr int kPipelinedUpdate = 19;
 constexpr int kSyncStep = 20;
 constexpr int kExchangeCpu = 21;
-constexpr int kFields = 22;
+constexpr int kPipeStep = 22;
+constexpr int kFields = 23;
 // About how long the overlapped AllReduces run (seconds), in calls every rank agrees on.
 constexpr double kOverlapBudgetS = 0.5;
 constexpr double kSyncBudgetS = 0.4;
@@ -323,14 +326,23 @@ void RunProbe(const ProbeArgs& args) {
       train::TrainerOptions trainer_options;
       trainer_options.pipeline_width = 1;
       trainer_options.timeout_s = job.comm().timeout_s();
-      {
+      // Steps of one width at a time; width 2's pipeline fills in its first step (it applies
+      // nothing), so the untimed steps cover it.
+      const auto time_steps = [&](int width) {
+        trainer_options.pipeline_width = width;
+        trainer_options.compensation =
+            width >= 2 ? job::detail::CompensationFromConfig(train_cfg.staleness_compensation())
+                       : train::StalenessCompensation::kNone;
         train::Trainer trainer(*mid_ring, task, scratch_sgd, scratch, trainer_options);
         for (int i = 0; i < 2; ++i) trainer.Step();
         const auto s0 = Clock::now();
         for (int i = 0; i < sync_steps; ++i) trainer.Step();
-        mine[kSyncStep] = SecondsSince(s0) / sync_steps;
+        const double per_step = SecondsSince(s0) / sync_steps;
         trainer.Drain(false);
-      }
+        return per_step;
+      };
+      mine[kSyncStep] = time_steps(1);
+      mine[kPipeStep] = time_steps(2);
     }
     // Gather every rank's numbers at rank 0: one pass around the ring.
     const size_t bytes = all.size() * sizeof(double);
@@ -376,6 +388,7 @@ void RunProbe(const ProbeArgs& args) {
                         {"update_s", v[4]},
                         {"pipelined_update_s", v[kPipelinedUpdate]},
                         {"sync_step_s", v[kSyncStep]},
+                        {"pipe_step_s", v[kPipeStep]},
                         {"reduce_s_per_byte", v[5]},
                         {"cpu", {{"compute_share", v[kComputeCpuShare]},
                                  {"share", v[kCpuShare]},
@@ -406,6 +419,7 @@ void RunProbe(const ProbeArgs& args) {
   double allreduce_small = 0, allreduce_mid = 0, allreduce_large = 0;  // the slowest rank's
   double overlap_compute = 0, overlap_allreduce = 0;                    // the slowest rank's
   double sync_step = 0;  // the slowest rank's width-1 step (kMidChunk)
+  double pipe_step = 0;  // and width-2 step
   // The CPU shares of the rank that computes slowest (they go with its C); the AllReduce's CPU
   // time per call, the median over ranks (small, mid, large chunks).
   double compute_cpu_share = 0, cpu_share = 0;
@@ -429,6 +443,7 @@ void RunProbe(const ProbeArgs& args) {
       overlap_compute = std::max(overlap_compute, all[kFields * r + kOverlapCompute]);
       overlap_allreduce = std::max(overlap_allreduce, all[kFields * r + kOverlapAllReduce]);
       sync_step = std::max(sync_step, all[kFields * r + kSyncStep]);
+      pipe_step = std::max(pipe_step, all[kFields * r + kPipeStep]);
     }
     overhead = Median(ovh);
     reduce = Median(rho);
@@ -494,7 +509,7 @@ void RunProbe(const ProbeArgs& args) {
   // The transport's CPU time per byte sent and per message, from the AllReduce's CPU time with
   // many chunks and with few; with the shares, the model's CPU bound.
   train::TransportCpu transport_cpu;
-  double sync_overhead = 0;
+  double sync_overhead = 0, pipe_overhead = 0;
   if (env.world_size > 1) {
     transport_cpu = train::FitTransportCpu(fit_in, {double(kSmallChunk), cpu_allreduce[0]},
                                            {double(kLargeChunk), cpu_allreduce[2]});
@@ -534,6 +549,16 @@ void RunProbe(const ProbeArgs& args) {
                 "compute %.3f ms per step (%.2fx alone), AllReduce %.3f ms (%.2fx alone)\n",
                 static_cast<unsigned long long>(kLargeChunk), overlap_compute * 1e3,
                 compute_factor, overlap_allreduce * 1e3, allreduce_factor);
+    // sigma_2: the slowest rank's width-2 step beyond what the model gives it, as sigma.
+    fit_in.pipelined_update_s = pipelined_update;
+    fit_in.overlap_compute_factor = compute_factor;
+    fit_in.overlap_allreduce_factor = allreduce_factor;
+    pipe_overhead = train::FitPipeOverhead(fit_in, kMidChunk, pipe_step);
+    std::printf("# width-2 steps (the trainer, %llu B chunks), slowest rank: %.3f ms per step; the "
+                "model without sigma_2 gives %.3f ms: sigma_2 %.3f ms\n",
+                static_cast<unsigned long long>(kMidChunk), pipe_step * 1e3,
+                train::PipeTime(fit_in, train::CodecCost{}, kMidChunk, 2) * 1e3,
+                pipe_overhead * 1e3);
   }
   std::printf("# for the model: the slowest link and the slowest rank: latency %.1f us, bandwidth "
               "%.2f MB/s %s (%.2f MB/s a link alone), compute %.3f ms, "
@@ -581,6 +606,8 @@ void RunProbe(const ProbeArgs& args) {
                         {"transport_cpu_s_per_message", transport_cpu.s_per_message},
                         {"sync_step_s", {{"chunk_bytes", kMidChunk}, {"seconds", sync_step}}},
                         {"sync_overhead_s", sync_overhead},
+                        {"pipe_step_s", {{"chunk_bytes", kMidChunk}, {"seconds", pipe_step}}},
+                        {"pipe_overhead_s", pipe_overhead},
                         {"big_message_cpu_s_per_byte", big_message_cpu},
                         {"allreduce_cpu_s", {{std::to_string(kSmallChunk), cpu_allreduce[0]},
                                              {std::to_string(kMidChunk), cpu_allreduce[1]},

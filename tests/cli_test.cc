@@ -937,6 +937,24 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   } else {
     EXPECT_GE(std::stod(sync[2]), std::stod(sync[1]) - 0.001) << sync[0];
   }
+  // The same for width 2 and sigma_2 (the slowest rank's real width-2 steps).
+  double pipe_step_max = 0;
+  for (const auto& rank : j["per_rank"]) {
+    EXPECT_GT(rank["pipe_step_s"].get<double>(), 0) << rank.dump();
+    pipe_step_max = std::max(pipe_step_max, rank["pipe_step_s"].get<double>());
+  }
+  EXPECT_EQ(j["pipe_step_s"]["chunk_bytes"].get<double>(), 65536);
+  EXPECT_EQ(j["pipe_step_s"]["seconds"].get<double>(), pipe_step_max);
+  ASSERT_TRUE(std::regex_search(
+      m.out, sync,
+      std::regex("# measured width-2 step \\(none\\) at 65536 B chunks: [0-9.]+ / [0-9.]+ / "
+                 "([0-9.]+) ms; the model gives ([0-9.]+) ms")))
+      << m.out;
+  if (j["pipe_overhead_s"].get<double>() > 0) {
+    EXPECT_NEAR(std::stod(sync[1]), std::stod(sync[2]), 0.0011) << sync[0];
+  } else {
+    EXPECT_GE(std::stod(sync[2]), std::stod(sync[1]) - 0.001) << sync[0];
+  }
   // A probe file whose per-rank table is not a probe's is refused by name.
   auto broken = j;
   broken["per_rank"][0]["compute_s"] = "fast";
@@ -965,9 +983,9 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
       std::ofstream out(dir.path(name));
       out << bad.dump();
     }
-    auto r = RunCommand({kBinary, "model", "--probe", dir.path(name)});
-    ExpectError(r, expected);
-    EXPECT_EQ(r.err.find("invariant"), std::string::npos) << name << ": " << r.err;
+    auto res = RunCommand({kBinary, "model", "--probe", dir.path(name)});
+    ExpectError(res, expected);
+    EXPECT_EQ(res.err.find("invariant"), std::string::npos) << name << ": " << res.err;
   };
   refused("w0.json", [](auto& b) { b["workers"] = 0; },
           {"w0.json: workers = 0: expected an integer in [1, 1048576]"});
@@ -1047,6 +1065,23 @@ TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
   // Missing inputs are named.
   auto bad = RunCommand({kBinary, "model", "--workers", "4"});
   ExpectError(bad, {"--model-bytes", "--latency-s", "--compute-s"});
+}
+
+// probe and bench write their --json at the end: an unwritable path used to fail only after
+// every rank had measured (seconds to minutes); now before any rank starts.
+TEST(ProbeCli, AnUnwritableJsonPathFailsBeforeAnyRankStarts) {
+  TempDir dir;
+  const std::string missing = dir.path("no/such/folder/probe.json");
+  auto r = RunCommand({kBinary, "probe", "-np", "2", kConfig, "--json", missing}, {}, 30);
+  ExpectError(r, {"probe --json " + missing + ": cannot write: no folder"});
+  EXPECT_EQ(r.out.find("# pipesgd probe"), std::string::npos) << r.out;
+  ExpectError(RunCommand({kBinary, "probe", "-np", "2", kConfig, "--json", dir.path("")}, {}, 30),
+              {"probe --json", "cannot write: a directory"});
+  auto b = RunCommand({kBinary, "bench", "allreduce", "-np", "2", "-b", "4K", "-e", "4K", "--json",
+                       missing},
+                      {}, 30);
+  ExpectError(b, {"--json " + missing + ": cannot write: no folder"});
+  EXPECT_EQ(b.out.find("algbw"), std::string::npos) << b.out;
 }
 
 // A user's first try on one machine: `probe -np 1` measures no link, and `model` used to ask

@@ -119,15 +119,16 @@ TEST(TimingModel, FitRingRecoversBandwidthOverheadAndContention) {
   const RingFit late = FitRing(loaded, {4096, 0.020}, {65536, 0.003}, {16 << 20, 200e-6});
   EXPECT_FALSE(late.bandwidth_fitted);
   EXPECT_EQ(late.bandwidth_Bps, 5e7);
-  // Contention adds the shorter term: at gamma = 1 the link and the CPU are serial.
+  // Contention adds the shorter term: at gamma = 1 the link and the CPU are serial, L + P and
+  // no fill (P holds the chunk's work already; it was counted twice); at gamma = 0 the longer
+  // term and the fill (16 MiB chunks: one chunk, the whole 1 MB block, 6 x 1e6 x 1 ns).
   TimingInputs serial = truth;
   serial.contention = 1;
   TimingInputs overlapped = truth;
   overlapped.contention = 0;
-  const double link = 6 * 1e6 / 2e8, cpu = 6 * (1e6 * 1e-9 + 30e-6);
-  EXPECT_NEAR(RingAllReduceTime(serial, kNone, 16 << 20) -
-                  RingAllReduceTime(overlapped, kNone, 16 << 20),
-              std::min(link, cpu), 1e-12);
+  const double link = 6 * 1e6 / 2e8, cpu = 6 * (1e6 * 1e-9 + 30e-6), fill = 6 * 1e6 * 1e-9;
+  EXPECT_NEAR(RingAllReduceTime(serial, kNone, 16 << 20), 6e-4 + link + cpu, 1e-12);
+  EXPECT_NEAR(RingAllReduceTime(overlapped, kNone, 16 << 20), 6e-4 + link + fill, 1e-12);
   EXPECT_NEAR(FitBandwidth(truth, 16 << 20, large.seconds) / 2e8, 1.0, 1e-9);
   EXPECT_EQ(FitBandwidth(truth, 16 << 20, 1e-9), 0.0);  // faster than any link: latency-bound
 }
@@ -143,7 +144,7 @@ TEST(TimingModel, RingTermsAddUpToTheTime) {
   EXPECT_NEAR(t.link_s, 0.012, 1e-15);
   EXPECT_NEAR(t.cpu_s, 0.01824, 1e-15);
   EXPECT_NEAR(t.tail_s, 0.0045, 1e-15);
-  EXPECT_NEAR(t.total_s, 6e-4 + 0.01824 + 0.5 * 0.012 + 0.0045, 1e-15);
+  EXPECT_NEAR(t.total_s, 6e-4 + 0.01824 + 0.5 * 0.012 + 0.5 * 0.0045, 1e-15);
   EXPECT_EQ(t.total_s, RingAllReduceTime(in, {"q8", 4, 2e-9}, 2.5e5));
 }
 
@@ -229,6 +230,28 @@ TEST(TimingModel, SyncOverheadAddsToWidthOneOnly) {
   in.transport_cpu_s_per_byte = 1e-9;
   in.transport_cpu_s_per_message = 1e-5;
   EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.03512 + 0.0044, 1e-12);
+}
+
+TEST(TimingModel, PipeOverheadAddsToWidthTwoOnly) {
+  // Lab() at 1 MB chunks: width 2 0.0546 (the AllReduce bounds). A width-2 step timed at 0.0600
+  // leaves sigma_2 = 0.0054; one timed below the model leaves 0.
+  TimingInputs in = Lab();
+  EXPECT_NEAR(FitPipeOverhead(in, 1e6, 0.0600), 0.0054, 1e-12);
+  EXPECT_EQ(FitPipeOverhead(in, 1e6, 0.0500), 0.0);
+  in.pipe_overhead_s = 0.0054;
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0600, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 1), 0.011 + 0.0546, 1e-12);  // width 1 has its own sigma
+  EXPECT_NEAR(FitPipeOverhead(in, 1e6, 0.0600), 0.0054, 1e-12);  // not the sum
+  // On top of the CPU bound where that bounds (CpuBoundByHand: 0.03512 at 1e12 B/s).
+  in.bandwidth_Bps = 1e12;
+  in.compute_cpu_share = 0.5;
+  in.cpu_share = 0.5;
+  in.transport_cpu_s_per_byte = 1e-9;
+  in.transport_cpu_s_per_message = 1e-5;
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.03512 + 0.0054, 1e-12);
+  // One worker waits for no AllReduce: no sigma_2.
+  in.workers = 1;
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.011, 1e-12);
 }
 
 TEST(TimingModel, PsAsyncCpuBoundByHand) {

@@ -25,8 +25,11 @@ RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, dou
   t.link_s = steps * block / (codec.ratio * in.bandwidth_Bps);
   t.cpu_s = steps * (block * cpu_per_byte + t.chunks_per_block * in.chunk_overhead_s);
   t.tail_s = steps * s * cpu_per_byte;
+  // The fill is the chunk's work that no transfer hides; where nothing overlaps (gamma 1) P
+  // already holds it, and adding it again charged one chunk per block twice (a whole block at
+  // 16 MiB chunks, which the fit then took back from B).
   t.total_s = t.latency_s + std::max(t.link_s, t.cpu_s) +
-              in.contention * std::min(t.link_s, t.cpu_s) + t.tail_s;
+              in.contention * std::min(t.link_s, t.cpu_s) + (1 - in.contention) * t.tail_s;
   return t;
 }
 
@@ -176,7 +179,14 @@ double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_byt
   const double b = RingAllReduceTime(in, codec, chunk_bytes);
   const double fc = in.overlap_compute_factor, fa = in.overlap_allreduce_factor;
   const double overlapped = a * fc <= b * fa ? a * fc + b - a * fc / fa : b * fa + a - b * fa / fc;
-  return std::max(overlapped, CpuBoundTime(in, codec, chunk_bytes, width));
+  return std::max(overlapped, CpuBoundTime(in, codec, chunk_bytes, width)) +
+         (in.workers > 1 ? in.pipe_overhead_s : 0);
+}
+
+double FitPipeOverhead(const TimingInputs& in, double chunk_bytes, double measured_step_s) {
+  TimingInputs without = in;
+  without.pipe_overhead_s = 0;
+  return std::max(0.0, measured_step_s - PipeTime(without, CodecCost{}, chunk_bytes, 2));
 }
 
 double PsSyncTime(const TimingInputs& in, const CodecCost& codec) {

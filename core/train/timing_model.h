@@ -54,6 +54,11 @@ struct TimingInputs {
   // rank), the hand-off to the communication thread, the step's bookkeeping. Width 2 hides it
   // behind the AllReduce in flight. `pipesgd probe` times real width-1 steps (FitSyncOverhead).
   double sync_overhead_s = 0;
+  // sigma_2 >= 0: the same for width 2, which the overlap formula below does not see either: the
+  // compute thread's wait for the aggregate two steps back, the two threads' wake-ups and
+  // hand-offs on a shared core, the update's pass over the parameters while the next AllReduce
+  // runs. `pipesgd probe` times real width-2 steps (FitPipeOverhead).
+  double pipe_overhead_s = 0;
 };
 
 // A gradient codec as the model sees it.
@@ -126,8 +131,12 @@ double FitSyncOverhead(const TimingInputs& in, double chunk_bytes, double measur
 //   a f_c <= b f_a:  a f_c + b - a f_c / f_a       (the AllReduce ends last)
 //   otherwise:       b f_a + a - b f_a / f_c
 // Factors of 1 give max(a, b) (full overlap); factors of 2 give a + b (one core, shared fairly).
-// The CPU bound if longer.
+// The CPU bound if longer; then + sigma_2 (one worker: none, it waits for no AllReduce).
 double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, int width);
+
+// sigma_2 from a measured width-2 step (no codec, `chunk_bytes` chunks): the step less PipeTime
+// without sigma_2, never below 0.
+double FitPipeOverhead(const TimingInputs& in, double chunk_bytes, double measured_step_s);
 
 // Synchronous parameter server, one dedicated server, W workers (papers.md 1.5, first row):
 //   T = C + 2 alpha + 2 W M / (r B)              W gradients in, W models out, one server link
