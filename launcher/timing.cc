@@ -511,6 +511,7 @@ void RunProbe(const ProbeArgs& args) {
   train::TransportCpu transport_cpu;
   double sync_overhead = 0, pipe_overhead = 0;
   if (env.world_size > 1) {
+    fit_in.compute_cpu_share = compute_cpu_share;  // the reduction's CPU is s_c of its wall time
     transport_cpu = train::FitTransportCpu(fit_in, {double(kSmallChunk), cpu_allreduce[0]},
                                            {double(kLargeChunk), cpu_allreduce[2]});
     std::printf("# CPU time of the AllReduce (every thread, median over ranks): %.3f ms at %llu B "

@@ -138,12 +138,12 @@ TEST(TimingModel, RingTermsAddUpToTheTime) {
   in.contention = 0.5;
   const RingTerms t = RingAllReduceTerms(in, {"q8", 4, 2e-9}, 2.5e5);
   // m = 4 chunks of 250 kB; L = 6 x 1e6 / (4 x 1.25e8) = 0.012; P = 6 (1e6 x 3e-9 + 4 x 1e-5)
-  // = 0.01824; fill 6 x 2.5e5 x 3e-9 = 0.0045.
+  // = 0.01824; fill 6 x 2.5e5 x 3e-9 = 0.0045, half of which gamma = 0.5 leaves.
   EXPECT_EQ(t.chunks_per_block, 4.0);
   EXPECT_NEAR(t.latency_s, 6e-4, 1e-15);
   EXPECT_NEAR(t.link_s, 0.012, 1e-15);
   EXPECT_NEAR(t.cpu_s, 0.01824, 1e-15);
-  EXPECT_NEAR(t.tail_s, 0.0045, 1e-15);
+  EXPECT_NEAR(t.tail_s, 0.5 * 0.0045, 1e-15);  // the fill that overlaps nothing: 1 - gamma of it
   EXPECT_NEAR(t.total_s, 6e-4 + 0.01824 + 0.5 * 0.012 + 0.5 * 0.0045, 1e-15);
   EXPECT_EQ(t.total_s, RingAllReduceTime(in, {"q8", 4, 2e-9}, 2.5e5));
 }
@@ -175,32 +175,34 @@ TEST(TimingModel, CpuBoundByHand) {
   in.cpu_share = 0.5;
   in.transport_cpu_s_per_byte = 1e-9;
   in.transport_cpu_s_per_message = 1e-5;
-  // 1 MB chunks (m = 1): 6 (1e6 rho + 1e6 x 1 ns + 1 x 10 us) = 0.01206 s of CPU per AllReduce.
-  EXPECT_NEAR(RingAllReduceCpuTime(in, kNone, 1e6), 0.01206, 1e-12);
+  // 1 MB chunks (m = 1): 6 (1e6 rho s_c + 1e6 x 1 ns + 1 x 10 us) = 0.00906 s of CPU per
+  // AllReduce (rho, a wall time taken at s_c as C is, is half CPU; counted whole, 0.01206).
+  EXPECT_NEAR(RingAllReduceCpuTime(in, kNone, 1e6), 0.00906, 1e-12);
   // q8 (r = 4, kappa = 2 ns/B), 250 kB chunks (m = 4): 6 (1e6 x 3 ns + 2.5e5 x 1 ns + 4 x 10 us).
-  EXPECT_NEAR(RingAllReduceCpuTime(in, {"q8", 4, 2e-9}, 2.5e5), 6 * (3e-3 + 2.5e-4 + 4e-5), 1e-12);
-  // (C + U) s_c + CPU of the AllReduce, over s: (0.011 x 0.5 + 0.01206) / 0.5 = 0.03512, above
+  EXPECT_NEAR(RingAllReduceCpuTime(in, {"q8", 4, 2e-9}, 2.5e5), 6 * (1.5e-3 + 2.5e-4 + 4e-5),
+              1e-12);
+  // (C + U) s_c + CPU of the AllReduce, over s: (0.011 x 0.5 + 0.00906) / 0.5 = 0.02912, above
   // width 1's C + U + T_AR = 0.0656 only when the link is fast: at 1e12 B/s T_AR = 0.0126.
-  EXPECT_NEAR(CpuBoundTime(in, kNone, 1e6, 1), 0.03512, 1e-12);
+  EXPECT_NEAR(CpuBoundTime(in, kNone, 1e6, 1), 0.02912, 1e-12);
   EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.011 + 0.0546, 1e-12);  // the link still bounds
   in.bandwidth_Bps = 1e12;
   const double t_ar = RingAllReduceTime(in, kNone, 1e6);
   EXPECT_NEAR(t_ar, 0.0006 + 0.00606 + 0.006, 1e-12);  // the 6 us link hides (gamma 0)
-  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.03512, 1e-12);
-  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.03512, 1e-12);  // overlap cannot beat the CPU
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.02912, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.02912, 1e-12);  // overlap cannot beat the CPU
   // Width 2's update with its staleness compensation, U_K = 3 ms against U = 1 ms: width 2's
-  // bound is (0.013 x 0.5 + 0.01206) / 0.5 = 0.03712, width 1's stays.
+  // bound is (0.013 x 0.5 + 0.00906) / 0.5 = 0.03112, width 1's stays.
   in.pipelined_update_s = 0.003;
-  EXPECT_NEAR(CpuBoundTime(in, kNone, 1e6, 2), 0.03712, 1e-12);
-  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.03712, 1e-12);
-  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.03512, 1e-12);
+  EXPECT_NEAR(CpuBoundTime(in, kNone, 1e6, 2), 0.03112, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.03112, 1e-12);
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.02912, 1e-12);
   EXPECT_NEAR(UpdateTime(in, 1), 0.001, 1e-15);
   in.pipelined_update_s = 0;  // not known: U
   EXPECT_NEAR(UpdateTime(in, 2), 0.001, 1e-15);
-  // A rank with CPU to spare (s = 2 cores while both threads run): (0.0055 + 0.01206) / 2,
+  // A rank with CPU to spare (s = 2 cores while both threads run): (0.0055 + 0.00906) / 2,
   // below both widths' times, which stand.
   in.cpu_share = 2;
-  EXPECT_NEAR(CpuBoundTime(in, kNone, 1e6, 1), 0.00878, 1e-12);
+  EXPECT_NEAR(CpuBoundTime(in, kNone, 1e6, 1), 0.00728, 1e-12);
   EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.011 + t_ar, 1e-12);
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), t_ar, 1e-12);
   // No shares (a probe that did not measure them, or the command line): no bound.
@@ -223,13 +225,13 @@ TEST(TimingModel, SyncOverheadAddsToWidthOneOnly) {
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0546, 1e-12);  // hidden behind the AllReduce
   // Fitted from inputs that already hold a sigma: the same sigma, not the sum.
   EXPECT_NEAR(FitSyncOverhead(in, 1e6, 0.0700), 0.0044, 1e-12);
-  // On top of the CPU bound where that bounds (CpuBoundByHand: 0.03512 at 1e12 B/s).
+  // On top of the CPU bound where that bounds (CpuBoundByHand: 0.02912 at 1e12 B/s).
   in.bandwidth_Bps = 1e12;
   in.compute_cpu_share = 0.5;
   in.cpu_share = 0.5;
   in.transport_cpu_s_per_byte = 1e-9;
   in.transport_cpu_s_per_message = 1e-5;
-  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.03512 + 0.0044, 1e-12);
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.02912 + 0.0044, 1e-12);
 }
 
 TEST(TimingModel, PipeOverheadAddsToWidthTwoOnly) {
@@ -242,13 +244,13 @@ TEST(TimingModel, PipeOverheadAddsToWidthTwoOnly) {
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0600, 1e-12);
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 1), 0.011 + 0.0546, 1e-12);  // width 1 has its own sigma
   EXPECT_NEAR(FitPipeOverhead(in, 1e6, 0.0600), 0.0054, 1e-12);  // not the sum
-  // On top of the CPU bound where that bounds (CpuBoundByHand: 0.03512 at 1e12 B/s).
+  // On top of the CPU bound where that bounds (CpuBoundByHand: 0.02912 at 1e12 B/s).
   in.bandwidth_Bps = 1e12;
   in.compute_cpu_share = 0.5;
   in.cpu_share = 0.5;
   in.transport_cpu_s_per_byte = 1e-9;
   in.transport_cpu_s_per_message = 1e-5;
-  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.03512 + 0.0054, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.02912 + 0.0054, 1e-12);
   // One worker waits for no AllReduce: no sigma_2.
   in.workers = 1;
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.011, 1e-12);
@@ -291,6 +293,17 @@ TEST(TimingModel, FitTransportCpuRecoversPerByteAndPerMessage) {
   const TransportCpu fit = FitTransportCpu(in, {4096, small}, {16e6, large});
   EXPECT_NEAR(fit.s_per_byte, 0.4e-9, 1e-18);
   EXPECT_NEAR(fit.s_per_message, 12e-6, 1e-15);
+  // At half a core the reduction's CPU is half its wall time (6 x 1e6 x 1 ns x 0.5 = 3 ms): the
+  // rest is the transport's, recovered the same.
+  TimingInputs shared = in;
+  shared.compute_cpu_share = 0.5;
+  const TransportCpu half =
+      FitTransportCpu(shared, {4096, RingAllReduceCpuTime(shared, kNone, 4096)},
+                      {16e6, RingAllReduceCpuTime(shared, kNone, 16e6)});
+  EXPECT_NEAR(half.s_per_byte, 0.4e-9, 1e-18);
+  EXPECT_NEAR(half.s_per_message, 12e-6, 1e-15);
+  // 4 ms of CPU at either size: 1 ms per 6e6 bytes sent (none had the 6 ms been taken whole).
+  EXPECT_NEAR(FitTransportCpu(shared, {4096, 0.004}, {16e6, 0.004}).s_per_byte, 1e-3 / 6e6, 1e-18);
   // Noise that makes many chunks cheaper than few: no negative per-message cost; the per-byte
   // cost is the mean of the two over the bytes sent (6 x 1e6) after the reduction (6 ms).
   const TransportCpu noisy = FitTransportCpu(in, {4096, 0.007}, {16e6, 0.009});

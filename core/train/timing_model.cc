@@ -24,12 +24,12 @@ RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, dou
   t.latency_s = steps * in.latency_s;
   t.link_s = steps * block / (codec.ratio * in.bandwidth_Bps);
   t.cpu_s = steps * (block * cpu_per_byte + t.chunks_per_block * in.chunk_overhead_s);
-  t.tail_s = steps * s * cpu_per_byte;
   // The fill is the chunk's work that no transfer hides; where nothing overlaps (gamma 1) P
   // already holds it, and adding it again charged one chunk per block twice (a whole block at
   // 16 MiB chunks, which the fit then took back from B).
+  t.tail_s = (1 - in.contention) * steps * s * cpu_per_byte;
   t.total_s = t.latency_s + std::max(t.link_s, t.cpu_s) +
-              in.contention * std::min(t.link_s, t.cpu_s) + (1 - in.contention) * t.tail_s;
+              in.contention * std::min(t.link_s, t.cpu_s) + t.tail_s;
   return t;
 }
 
@@ -106,11 +106,23 @@ RingFit FitRing(const TimingInputs& in, TimedAllReduce small, TimedAllReduce mid
   return {t.bandwidth_Bps, t.chunk_overhead_s, t.contention, fitted};
 }
 
+namespace {
+
+// rho and kappa are wall times, taken on every rank at once as C is: at the compute share s_c,
+// their CPU is that much of them (as the PS bound has always counted them). Taken as CPU, a rank
+// at half a core paid the reduction and the codec twice in the ring's bound, which then ranked
+// the codecs below no compression on loopback where they measured 13% faster.
+double CpuOfWall(const TimingInputs& in) {
+  return in.compute_cpu_share > 0 ? in.compute_cpu_share : 1.0;
+}
+
+}  // namespace
+
 double RingAllReduceCpuTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
   const RingTerms t = RingAllReduceTerms(in, codec, chunk_bytes);
   if (in.workers == 1 || in.model_bytes <= 0) return 0;
   const double steps = 2.0 * (in.workers - 1), block = in.model_bytes / in.workers;
-  return steps * (block * (in.reduce_s_per_byte + codec.s_per_byte) +
+  return steps * (block * (in.reduce_s_per_byte + codec.s_per_byte) * CpuOfWall(in) +
                   block / codec.ratio * in.transport_cpu_s_per_byte +
                   t.chunks_per_block * in.transport_cpu_s_per_message);
 }
@@ -143,7 +155,7 @@ TransportCpu FitTransportCpu(const TimingInputs& in, TimedCpu small, TimedCpu la
   const double steps = 2.0 * (in.workers - 1), block = in.model_bytes / in.workers;
   const auto messages = [&](double chunk) { return steps * std::ceil(block / chunk); };
   // What the transport took: the measured CPU less the reduction's.
-  const double reduce = steps * block * in.reduce_s_per_byte;
+  const double reduce = steps * block * in.reduce_s_per_byte * CpuOfWall(in);
   const double y_small = std::max(0.0, small.cpu_s - reduce);
   const double y_large = std::max(0.0, large.cpu_s - reduce);
   const double n_small = messages(small.chunk_bytes), n_large = messages(large.chunk_bytes);

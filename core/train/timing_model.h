@@ -85,14 +85,15 @@ struct RingTerms {
   double latency_s = 0;         // 2(W-1) alpha
   double link_s = 0;            // L
   double cpu_s = 0;             // P
-  double tail_s = 0;            // 2(W-1) s (rho + kappa)
+  double tail_s = 0;            // (1 - gamma) 2(W-1) s (rho + kappa): the fill that counts
   double total_s = 0;           // RingAllReduceTime
 };
 RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
 
-// CPU time of one ring AllReduce on one rank: the reduction and the codec, and the transport's
-// share per byte sent and per chunk message:
-//   2(W-1) [ (M/W)(rho + kappa) + (M/W)/r cpu_byte + m cpu_msg ]
+// CPU time of one ring AllReduce on one rank: the reduction and the codec (rho and kappa are
+// wall times at the compute share s_c, as C: s_c of them is CPU; 1 where s_c is not known), and
+// the transport's share per byte sent and per chunk message:
+//   2(W-1) [ (M/W)(rho + kappa) s_c + (M/W)/r cpu_byte + m cpu_msg ]
 double RingAllReduceCpuTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
 
 // U at pipeline width `width`: U_K for width >= 2 where known, else U.
