@@ -111,7 +111,7 @@ namespace {
 // rho and kappa are wall times, taken on every rank at once as C is: at the compute share s_c,
 // their CPU is that much of them (as the PS bound has always counted them). Taken as CPU, a rank
 // at half a core paid the reduction and the codec twice in the ring's bound, which then ranked
-// the codecs below no compression on loopback where they measured 13% faster.
+// the codecs below no compression on loopback, where q8 and q4 measured 11-22% faster.
 double CpuOfWall(const TimingInputs& in) {
   return in.compute_cpu_share > 0 ? in.compute_cpu_share : 1.0;
 }
