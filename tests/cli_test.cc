@@ -924,20 +924,23 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
               std::string::npos)
         << m.out;
   }
-  // The width-1 step the probe timed, beside the model's: equal unless sigma was clamped at 0
-  // (the model above the measured step).
-  std::smatch sync;
-  ASSERT_TRUE(std::regex_search(
-      m.out, sync,
-      std::regex("# measured width-1 step \\(none\\) at 65536 B chunks: [0-9.]+ / [0-9.]+ / "
-                 "([0-9.]+) ms; the model gives ([0-9.]+) ms")))
-      << m.out;
-  if (j["sync_overhead_s"].get<double>() > 0) {
-    EXPECT_NEAR(std::stod(sync[1]), std::stod(sync[2]), 0.0011) << sync[0];
-  } else {
-    EXPECT_GE(std::stod(sync[2]), std::stod(sync[1]) - 0.001) << sync[0];
-  }
-  // The same for width 2 and sigma_2 (the slowest rank's real width-2 steps).
+  // The width-1 and width-2 steps the probe timed (the slowest rank's), beside the model's:
+  // equal unless sigma (sigma_2) was clamped at 0 (the model above the measured step).
+  const auto step_matches_model = [&](int width, const char* overhead) {
+    std::smatch step;
+    ASSERT_TRUE(std::regex_search(
+        m.out, step,
+        std::regex(fmt::format("# measured width-{} step \\(none\\) at 65536 B chunks: "
+                               "[0-9.]+ / [0-9.]+ / ([0-9.]+) ms; the model gives ([0-9.]+) ms",
+                               width))))
+        << m.out;
+    if (j[overhead].get<double>() > 0) {
+      EXPECT_NEAR(std::stod(step[1]), std::stod(step[2]), 0.0011) << step[0];
+    } else {
+      EXPECT_GE(std::stod(step[2]), std::stod(step[1]) - 0.001) << step[0];
+    }
+  };
+  step_matches_model(1, "sync_overhead_s");
   double pipe_step_max = 0;
   for (const auto& rank : j["per_rank"]) {
     EXPECT_GT(rank["pipe_step_s"].get<double>(), 0) << rank.dump();
@@ -945,16 +948,7 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   }
   EXPECT_EQ(j["pipe_step_s"]["chunk_bytes"].get<double>(), 65536);
   EXPECT_EQ(j["pipe_step_s"]["seconds"].get<double>(), pipe_step_max);
-  ASSERT_TRUE(std::regex_search(
-      m.out, sync,
-      std::regex("# measured width-2 step \\(none\\) at 65536 B chunks: [0-9.]+ / [0-9.]+ / "
-                 "([0-9.]+) ms; the model gives ([0-9.]+) ms")))
-      << m.out;
-  if (j["pipe_overhead_s"].get<double>() > 0) {
-    EXPECT_NEAR(std::stod(sync[1]), std::stod(sync[2]), 0.0011) << sync[0];
-  } else {
-    EXPECT_GE(std::stod(sync[2]), std::stod(sync[1]) - 0.001) << sync[0];
-  }
+  step_matches_model(2, "pipe_overhead_s");
   // A probe file whose per-rank table is not a probe's is refused by name.
   auto broken = j;
   broken["per_rank"][0]["compute_s"] = "fast";
