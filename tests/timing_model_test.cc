@@ -133,6 +133,28 @@ TEST(TimingModel, FitRingRecoversBandwidthOverheadAndContention) {
   EXPECT_EQ(FitBandwidth(truth, 16 << 20, 1e-9), 0.0);  // faster than any link: latency-bound
 }
 
+// Where the fill outweighs the shorter term (a fast link, one chunk per block), T falls as gamma
+// grows: the fit used to search for a rising crossing and returned 0 for every such time.
+TEST(TimingModel, FitContentionWhereTheTimeFallsWithGamma) {
+  TimingInputs in = Lab();
+  in.bandwidth_Bps = 1e11;  // L = 6 x 1e6 / 1e11 = 60 us; fill at 16 MiB = 6 x 1e6 x 1 ns = 6 ms
+  in.contention = 0.3;
+  const double measured = RingAllReduceTime(in, kNone, 16 << 20);
+  in.contention = 0;
+  ASSERT_LT(measured, RingAllReduceTime(in, kNone, 16 << 20));
+  EXPECT_NEAR(FitContention(in, 16 << 20, measured), 0.3, 1e-9);
+  EXPECT_EQ(FitContention(in, 16 << 20, 1.0), 0.0);  // slower than any gamma gives: clamped
+  EXPECT_EQ(FitContention(in, 16 << 20, 0.0), 1.0);
+}
+
+// s_c above 1 (a BLAS thread pool during the compute) does not scale the one-thread reduction
+// and codec up.
+TEST(TimingModel, ComputeShareAboveOneCountsTheReductionWhole) {
+  TimingInputs in = Lab();
+  in.compute_cpu_share = 4;
+  EXPECT_NEAR(RingAllReduceCpuTime(in, kNone, 1e6), 6 * 1e6 * 1e-9, 1e-15);  // no transport CPU
+}
+
 TEST(TimingModel, RingTermsAddUpToTheTime) {
   TimingInputs in = Lab();
   in.contention = 0.5;

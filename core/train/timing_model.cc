@@ -77,8 +77,12 @@ double FitBandwidth(const TimingInputs& in, double chunk_bytes, double measured_
 }
 
 double FitContention(const TimingInputs& in, double chunk_bytes, double measured_s) {
-  return Crossing(TimeAsFieldVaries(in, &TimingInputs::contention, chunk_bytes), 0, 1,
-                  measured_s);
+  // T is linear in gamma, T(0) + gamma (min(L, P) - fill), and falls as gamma grows where the fill
+  // is the larger (a fast link, one chunk per block): solved, not searched for a rising crossing.
+  auto at = TimeAsFieldVaries(in, &TimingInputs::contention, chunk_bytes);
+  const double t0 = at(0), slope = at(1) - t0;
+  if (slope == 0) return 0;
+  return std::clamp((measured_s - t0) / slope, 0.0, 1.0);
 }
 
 RingFit FitRing(const TimingInputs& in, TimedAllReduce small, TimedAllReduce mid,
@@ -113,7 +117,8 @@ namespace {
 // at half a core paid the reduction and the codec twice in the ring's bound, which then ranked
 // the codecs below no compression on loopback, where q8 and q4 measured 11-22% faster.
 double CpuOfWall(const TimingInputs& in) {
-  return in.compute_cpu_share > 0 ? in.compute_cpu_share : 1.0;
+  // s_c counts every thread (a BLAS pool can take it above 1); these loops run on one.
+  return in.compute_cpu_share > 0 ? std::min(1.0, in.compute_cpu_share) : 1.0;
 }
 
 }  // namespace
