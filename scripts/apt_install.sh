@@ -36,23 +36,38 @@ apt=("${apt_env[@]}" apt-get -o DPkg::Lock::Timeout=600 -y -qq --no-install-reco
 # would find dpkg mid-configure again.
 # (Opened for reading: flock needs no write access, and the file may be another user's.)
 lock=/tmp/pipesgd-apt.lock
-: >> "$lock" 2>/dev/null || true
-exec 9< "$lock"
-flock 9
+if [[ ! -e $lock ]]; then
+  { : >> "$lock" && chmod a+r "$lock"; } 2>/dev/null || true
+fi
+if { exec 9< "$lock"; } 2>/dev/null; then
+  flock 9
+else
+  echo "$who: cannot open $lock to queue behind other installs; going on without it" >&2
+fi
 
+# What apt itself checks ("dpkg was interrupted": a journal left in updates/), and packages that
+# dpkg --audit finds unpacked, half-installed or awaiting triggers. Its stderr (warnings) is not
+# a broken package.
+interrupted() {
+  [[ -n "$(ls -A /var/lib/dpkg/updates 2>/dev/null)" || -n "$(dpkg --audit 2>/dev/null)" ]]
+}
 updated=0
-pending=$(dpkg --audit 2>&1 || true)
-if [[ -n "$pending" ]]; then
+if interrupted; then
+  pending=$(dpkg --audit 2>/dev/null || true)
   echo "$who: dpkg was left mid-install by an interrupted apt run; finishing it first" \
     "(dpkg --configure -a):"
-  sed 's/^/  /' <<< "$pending" | head -20
+  # head first: under pipefail, sed killed by SIGPIPE on a long list would end the script.
+  head -n 20 <<< "${pending:-(a journal left in /var/lib/dpkg/updates)}" | sed 's/^/  /'
+  # dpkg has no lock timeout of its own: wait for the lock through apt's (a no-op install,
+  # which then refuses as it would).
+  $SUDO "${apt[@]}" install >/dev/null 2>&1 || true
   # --configure -a fails where a package waits for a dependency that was never unpacked; the
   # update and `-f install` then fetch it.
   $SUDO "${apt_env[@]}" dpkg --configure -a || true
   $SUDO "${apt[@]}" update
   $SUDO "${apt[@]}" -f install
   updated=1
-  if [[ -n "$(dpkg --audit 2>&1 || true)" ]]; then
+  if interrupted; then
     echo "$who: dpkg still reports broken packages after dpkg --configure -a and" \
       "apt-get -f install:" >&2
     dpkg --audit >&2 || true
