@@ -527,7 +527,6 @@ void RunProbe(const ProbeArgs& args) {
     // sigma: the slowest rank's width-1 step beyond what the model gives it at that chunk size.
     fit_in.compute_s = compute;
     fit_in.update_s = update;
-    fit_in.compute_cpu_share = compute_cpu_share;
     fit_in.cpu_share = cpu_share;
     fit_in.transport_cpu_s_per_byte = transport_cpu.s_per_byte;
     fit_in.transport_cpu_s_per_message = transport_cpu.s_per_message;
