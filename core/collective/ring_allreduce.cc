@@ -585,14 +585,12 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
           if (k == n - 2 && encoded && !feedback) codec_->Decode(sent, {values, range.count});
         }
       } else {
-        if (encoded) {
-          timeline::Span span(timeline_, timeline::kComm, "decode", static_cast<int64_t>(index));
-          codec_->Decode(received, {values, range.count});
-        }
         if (k + 1 < steps) {
           const uint64_t next = send_base[k + 1] + c;
           if (encoded) {
-            // Forward the owner's bytes as they are: no re-encoding, no drift.
+            // Forward the owner's bytes as they are: no re-encoding, no drift; and before this
+            // rank decodes them, which only reads them too, so that the next hop's wait does not
+            // hold a decode per hop (a whole block's at one chunk per block).
             stats_.raw_payload_bytes += range.count * sizeof(float);
             timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(next));
             PostChunk(send_slots_[next], seq, op, data.size(), next, kind, received.data(),
@@ -600,6 +598,10 @@ void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
           } else {
             post_send(next, range);
           }
+        }
+        if (encoded) {
+          timeline::Span span(timeline_, timeline::kComm, "decode", static_cast<int64_t>(index));
+          codec_->Decode(received, {values, range.count});
         }
       }
     }
