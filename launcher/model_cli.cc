@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,9 +25,11 @@ namespace {
 
 // What the probe measured, over its ranks, beside what the model makes of the same inputs:
 // the compute (the model takes the slowest rank's) and the AllReduce of the model at each chunk
-// size timed. Nothing for a probe of an older version, which did not record them.
+// size timed, without a codec and with each codec it timed. Nothing for a probe of an older
+// version, which did not record them.
 std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::string& path,
-                                     const train::TimingInputs& in) {
+                                     const train::TimingInputs& in,
+                                     const std::vector<train::CodecCost>& codecs) {
   std::vector<std::string> lines;
   if (!probe.is_object() || !probe.contains("per_rank")) return lines;
   // One rank timed no AllReduce; with --np another world size the model answers a question the
@@ -37,40 +40,48 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
     return fmt::format("{:.3f} / {:.3f} / {:.3f} ms", v.front() * 1e3, Median(v) * 1e3,
                        v.back() * 1e3);
   };
+  // {"CHUNK_BYTES": seconds, ...} of one rank, into times[chunk].
+  using ByChunk = std::map<double, std::vector<double>>;
+  const auto add_times = [&](const nlohmann::json& by_chunk, ByChunk& times) {
+    for (const auto& [chunk, sec] : by_chunk.items()) {
+      char* end = nullptr;
+      const double bytes = std::strtod(chunk.c_str(), &end);
+      if (end == chunk.c_str() || *end != '\0' || !(bytes >= 1) || !std::isfinite(bytes)) {
+        Throw(ErrorCode::kInvalidArgument,
+              "model --probe {}: per_rank allreduce_s key \"{}\": expected a chunk size in "
+              "bytes (>= 1)", path, chunk);
+      }
+      times[bytes].push_back(sec.get<double>());
+    }
+  };
   try {
     const auto& per_rank = probe.at("per_rank");
     if (per_rank.empty()) return lines;
     std::vector<double> compute;
-    std::map<double, std::vector<double>> allreduce;  // by chunk size
+    std::vector<ByChunk> allreduce(codecs.size());  // by codec (codecs[0]: none), by chunk size
     std::vector<double> sync_step, pipe_step;
     for (const auto& r : per_rank) {
       compute.push_back(r.at("compute_s").get<double>());
       if (r.contains("sync_step_s")) sync_step.push_back(r.at("sync_step_s").get<double>());
       if (r.contains("pipe_step_s")) pipe_step.push_back(r.at("pipe_step_s").get<double>());
-      if (r.contains("allreduce_s")) {
-        for (const auto& [chunk, sec] : r.at("allreduce_s").items()) {
-          char* end = nullptr;
-          const double bytes = std::strtod(chunk.c_str(), &end);
-          if (end == chunk.c_str() || *end != '\0' || !(bytes >= 1) || !std::isfinite(bytes)) {
-            Throw(ErrorCode::kInvalidArgument,
-                  "model --probe {}: per_rank allreduce_s key \"{}\": expected a chunk size in "
-                  "bytes (>= 1)", path, chunk);
-          }
-          allreduce[bytes].push_back(sec.get<double>());
-        }
+      if (r.contains("allreduce_s")) add_times(r.at("allreduce_s"), allreduce[0]);
+      for (size_t c = 1; c < codecs.size() && r.contains("codec_allreduce_s"); ++c) {
+        const auto& by_codec = r.at("codec_allreduce_s");
+        if (by_codec.contains(codecs[c].name)) add_times(by_codec.at(codecs[c].name), allreduce[c]);
       }
     }
     lines.push_back(fmt::format("measured by the probe on {} ranks (min / median / max): compute "
                                 "{}; the model takes the slowest, {:.3f} ms",
                                 per_rank.size(), spread(compute), in.compute_s * 1e3));
-    for (const auto& [chunk, secs] : allreduce) {
-      lines.push_back(fmt::format(
-          "measured AllReduce (none) at {:.0f} B chunks: {}; the model gives {:.3f} ms ({:+.1f}% "
-          "of the slowest rank's)",
-          chunk, spread(secs), train::RingAllReduceTime(in, train::CodecCost{}, chunk) * 1e3,
-          100 * (train::RingAllReduceTime(in, train::CodecCost{}, chunk) /
-                     *std::max_element(secs.begin(), secs.end()) -
-                 1)));
+    for (size_t c = 0; c < codecs.size(); ++c) {
+      for (const auto& [chunk, secs] : allreduce[c]) {
+        const double model = train::RingAllReduceTime(in, codecs[c], chunk);
+        lines.push_back(fmt::format(
+            "measured AllReduce ({}) at {:.0f} B chunks: {}; the model gives {:.3f} ms ({:+.1f}% "
+            "of the slowest rank's)",
+            codecs[c].name, chunk, spread(secs), model * 1e3,
+            100 * (model / *std::max_element(secs.begin(), secs.end()) - 1)));
+      }
     }
     // The real steps of each width (the trainer at one chunk size), beside the model's.
     const auto step_line = [&](const char* key, const std::vector<double>& steps, int width) {
@@ -138,7 +149,13 @@ void RunModel(const ModelArgs& a) {
       in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
       for (const auto& c : j.at("codecs")) {
         codecs.push_back({c.at("name").get<std::string>(), c.at("ratio").get<double>(),
-                          c.at("s_per_byte").get<double>()});
+                          c.at("s_per_byte").get<double>(), std::nullopt});
+        // Earlier probes: kappa from encode + decode alone, its CPU not known.
+        if (c.contains("cpu_s_per_byte")) {
+          codecs.back().cpu_s_per_byte = c.at("cpu_s_per_byte").get<double>();
+        }
+        codecs.back().s_per_chunk = c.value("s_per_chunk", 0.0);
+        codecs.back().cpu_s_per_chunk = c.value("cpu_s_per_chunk", 0.0);
       }
     } catch (const nlohmann::json::exception& e) {
       Throw(ErrorCode::kInvalidArgument, "model --probe {}: not a probe result: {}", a.probe_json,
@@ -183,11 +200,27 @@ void RunModel(const ModelArgs& a) {
             a.probe_json, fmt::join(names, ", "));
     }
     for (const train::CodecCost& c : codecs) {
-      if (!(c.ratio >= 1) || !std::isfinite(c.ratio) || !(c.s_per_byte >= 0) ||
-          !std::isfinite(c.s_per_byte)) {
+      // A codec's costs are beside the float32 path's, and can be below it (its decode adds in
+      // the same pass): per byte as low as -reduce_s_per_byte, per chunk as low as
+      // -chunk_overhead_s (its CPU: -transport_cpu_s_per_message), as train::FitCodec fits them.
+      const double cpu = c.cpu_s_per_byte.value_or(0);
+      const double floor = -std::max(0.0, in.reduce_s_per_byte);
+      if (!(c.ratio >= 1) || !std::isfinite(c.ratio) || !(c.s_per_byte >= floor) ||
+          !std::isfinite(c.s_per_byte) || !(cpu >= floor) || !std::isfinite(cpu)) {
         Throw(ErrorCode::kInvalidArgument,
-              "model --probe {}: codec {}: ratio = {}, s_per_byte = {}: expected a ratio >= 1 and "
-              "a cost >= 0", a.probe_json, c.name, c.ratio, c.s_per_byte);
+              "model --probe {}: codec {}: ratio = {}, s_per_byte = {}, cpu_s_per_byte = {}: "
+              "expected a ratio >= 1 and costs >= -reduce_s_per_byte ({})",
+              a.probe_json, c.name, c.ratio, c.s_per_byte, cpu, floor);
+      }
+      const double chunk_floor = -std::max(0.0, in.chunk_overhead_s);
+      const double chunk_cpu_floor = -std::max(0.0, in.transport_cpu_s_per_message);
+      if (!(c.s_per_chunk >= chunk_floor) || !std::isfinite(c.s_per_chunk) ||
+          !(c.cpu_s_per_chunk >= chunk_cpu_floor) || !std::isfinite(c.cpu_s_per_chunk)) {
+        Throw(ErrorCode::kInvalidArgument,
+              "model --probe {}: codec {}: s_per_chunk = {}, cpu_s_per_chunk = {}: expected "
+              "costs >= -chunk_overhead_s ({}) and >= -transport_cpu_s_per_message ({})",
+              a.probe_json, c.name, c.s_per_chunk, c.cpu_s_per_chunk, chunk_floor,
+              chunk_cpu_floor);
       }
     }
   }
@@ -239,12 +272,16 @@ void RunModel(const ModelArgs& a) {
   if (codecs.empty()) {
     // Without a probe: ratios of the codecs, their CPU cost unknown (0).
     // Ratios of a 256 Ki-element chunk, as the probe measures them.
-    codecs = {{"none", 1, 0}, {"trunc16", 2, 0}, {"fp16", 2, 0}};
+    codecs = {{"none", 1, 0, std::nullopt},
+              {"trunc16", 2, 0, std::nullopt},
+              {"fp16", 2, 0, std::nullopt}};
     for (const char* name : {"q8", "q4", "sign1"}) {
       CodecOptions copt;
       copt.kind = ParseCodecKind(name);
       const size_t chunk = 1 << 18;
-      codecs.push_back({name, 4.0 * chunk / static_cast<double>(MakeCodec(copt)->EncodedBytes(chunk)), 0});
+      codecs.push_back(
+          {name, 4.0 * chunk / static_cast<double>(MakeCodec(copt)->EncodedBytes(chunk)), 0,
+           std::nullopt});
     }
   }
   const std::vector<double> chunks =
@@ -321,7 +358,7 @@ void RunModel(const ModelArgs& a) {
     }
     rows.push_back(r);
   }
-  for (const std::string& line : ProbeSpread(probe, a.probe_json, in)) {
+  for (const std::string& line : ProbeSpread(probe, a.probe_json, in, codecs)) {
     std::printf("# %s\n", line.c_str());
   }
   const double t_ar = train::RingAllReduceTime(

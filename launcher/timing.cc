@@ -52,10 +52,22 @@ constexpr int kPipelinedUpdate = 19;
 constexpr int kSyncStep = 20;
 constexpr int kExchangeCpu = 21;
 constexpr int kPipeStep = 22;
-constexpr int kFields = 23;
+// The job's AllReduce with each codec of kProbeCodecs at kMidChunk and kLargeChunk: its wall
+// time and CPU time (CodecField).
+constexpr const char* kProbeCodecs[] = {"trunc16", "fp16", "q8", "q4", "sign1"};
+constexpr int kNumProbeCodecs = 5;
+constexpr int kCodecAllReduce = 23;
+constexpr int kFields = kCodecAllReduce + 4 * kNumProbeCodecs;
+constexpr int CodecField(int codec, bool large, bool cpu) {
+  return kCodecAllReduce + 4 * codec + 2 * static_cast<int>(large) + static_cast<int>(cpu);
+}
 // About how long the overlapped AllReduces run (seconds), in calls every rank agrees on.
 constexpr double kOverlapBudgetS = 0.5;
+// Real steps of each width, in kStepRounds rounds of the two widths in turn, each about
+// kSyncBudgetS / 2: the median round of each width counts (one round of 0.4 s per width read
+// sigma 0.63 and 1.64 ms in two probes minutes apart on the unshaped lab).
 constexpr double kSyncBudgetS = 0.4;
+constexpr int kStepRounds = 3;
 // The ring's per-chunk cost shows only in a real AllReduce with many chunks (a wake-up, a header,
 // a reduction call per chunk): 4 KiB, the smallest chunk `pipesgd model` considers; the link's
 // rate with one chunk per block (16 MiB: the largest); how much the two overlap in between.
@@ -164,7 +176,7 @@ void RunProbe(const ProbeArgs& args) {
   // Codecs: encode + decode of the whole model in 256 Ki-element chunks.
   nlohmann::json codecs = nlohmann::json::array();
   codecs.push_back({{"name", "none"}, {"ratio", 1.0}, {"s_per_byte", 0.0}});
-  for (const char* name : {"trunc16", "fp16", "q8", "q4", "sign1"}) {
+  for (const char* name : kProbeCodecs) {
     CodecOptions copt;
     copt.kind = ParseCodecKind(name);
     auto codec = MakeCodec(copt);
@@ -188,7 +200,8 @@ void RunProbe(const ProbeArgs& args) {
     }
     codecs.push_back({{"name", name},
                       {"ratio", 4.0 * p / wire_bytes},
-                      {"s_per_byte", Median(times) / (4.0 * p)}});
+                      {"s_per_byte", Median(times) / (4.0 * p)},
+                      {"encode_decode_s_per_byte", Median(times) / (4.0 * p)}});
   }
 
   std::vector<double> mine(kFields, 0.0);
@@ -251,6 +264,30 @@ void RunProbe(const ProbeArgs& args) {
         }
         mine[kCpuAllReduce + (field - 7)] = (ProcessCpuSeconds() - cpu0) / kAllReduceReps;
         mine[field++] = Median(times);
+      }
+      // The same AllReduce with each codec (the config's codec options, error feedback
+      // included): what a codec costs in the ring, which its encode and decode alone do not show.
+      for (int c = 0; c < kNumProbeCodecs; ++c) {
+        for (const bool large : {false, true}) {
+          collective::CommunicatorOptions copt = job::CommunicatorOptionsFromConfig(job);
+          copt.chunk_bytes = large ? kLargeChunk : kMidChunk;
+          copt.streams = 1;
+          copt.codec.kind = ParseCodecKind(kProbeCodecs[c]);
+          copt.compression_min_bytes = 0;
+          auto ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left},
+                                                                    {&right}, copt);
+          times.clear();
+          double cpu0 = 0;
+          for (int i = 0; i < 2 + kAllReduceReps; ++i) {
+            if (i == 2) cpu0 = ProcessCpuSeconds();
+            const auto t0 = Clock::now();
+            ring->AllReduce(values, collective::ReduceOp::kAverage,
+                            Deadline::After(job.comm().timeout_s()));
+            if (i >= 2) times.push_back(SecondsSince(t0));
+          }
+          mine[CodecField(c, large, true)] = (ProcessCpuSeconds() - cpu0) / kAllReduceReps;
+          mine[CodecField(c, large, false)] = Median(times);
+        }
       }
       // Width 2's situation: this thread reduces while a second one computes, on every rank at
       // once. Where they share cores (loopback, a node under a CPU quota) each slows the other,
@@ -315,7 +352,7 @@ void RunProbe(const ProbeArgs& args) {
       ring->AllReduce(estimate, collective::ReduceOp::kAverage,
                       Deadline::After(job.comm().timeout_s()));
       const int sync_steps = std::clamp(
-          static_cast<int>(kSyncBudgetS / std::max(1e-6, double(estimate[0]))), 5, 100);
+          static_cast<int>(kSyncBudgetS / 2 / std::max(1e-6, double(estimate[0]))), 4, 50);
       collective::CommunicatorOptions mid_options;
       mid_options.chunk_bytes = kMidChunk;
       auto mid_ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left}, {&right},
@@ -341,8 +378,15 @@ void RunProbe(const ProbeArgs& args) {
         trainer.Drain(false);
         return per_step;
       };
-      mine[kSyncStep] = time_steps(1);
-      mine[kPipeStep] = time_steps(2);
+      // Widths in turn, so that neither takes all of a slow moment, nor pays alone for what
+      // warms up first.
+      std::vector<double> sync_rounds, pipe_rounds;
+      for (int round = 0; round < kStepRounds; ++round) {
+        sync_rounds.push_back(time_steps(1));
+        pipe_rounds.push_back(time_steps(2));
+      }
+      mine[kSyncStep] = Median(sync_rounds);
+      mine[kPipeStep] = Median(pipe_rounds);
     }
     // Gather every rank's numbers at rank 0: one pass around the ring.
     const size_t bytes = all.size() * sizeof(double);
@@ -399,6 +443,13 @@ void RunProbe(const ProbeArgs& args) {
                                                   {std::to_string(kMidChunk), v[kCpuAllReduce + 1]},
                                                   {std::to_string(kLargeChunk),
                                                    v[kCpuAllReduce + 2]}}}}}});
+    if (env.world_size > 1) {
+      nlohmann::json& by_codec = per_rank.back()["codec_allreduce_s"];
+      for (int c = 0; c < kNumProbeCodecs; ++c) {
+        by_codec[kProbeCodecs[c]] = {{std::to_string(kMidChunk), v[CodecField(c, false, false)]},
+                                     {std::to_string(kLargeChunk), v[CodecField(c, true, false)]}};
+      }
+    }
     latency = std::max(latency, v[0]);
     alone = r == 0 ? v[1] : std::min(alone, v[1]);
     ring = r == 0 ? v[6] : std::min(ring, v[6]);
@@ -407,11 +458,6 @@ void RunProbe(const ProbeArgs& args) {
     update = std::max(update, v[4]);
     pipelined_update = std::max(pipelined_update, v[kPipelinedUpdate]);
     reduce = std::max(reduce, v[5]);
-  }
-  for (const auto& c : codecs) {
-    std::printf("# codec %-8s ratio %.3f, encode+decode %.3f ns per float32 byte (rank 0)\n",
-                c["name"].get<std::string>().c_str(), c["ratio"].get<double>(),
-                c["s_per_byte"].get<double>() * 1e9);
   }
   // The per-byte CPU rates are properties of the machines, alike on every node: the median over
   // ranks, so one rank preempted while it measured (a shared host) does not set them.
@@ -484,6 +530,13 @@ void RunProbe(const ProbeArgs& args) {
               *std::min_element(compute_by_rank.begin(), compute_by_rank.end()) * 1e3,
               Median(compute_by_rank) * 1e3,
               *std::max_element(compute_by_rank.begin(), compute_by_rank.end()) * 1e3);
+  if (env.world_size == 1) {  // no ring to time a codec in
+    for (const auto& c : codecs) {
+      std::printf("# codec %-8s ratio %.3f, encode+decode %.3f ns per float32 byte\n",
+                  c["name"].get<std::string>().c_str(), c["ratio"].get<double>(),
+                  c["s_per_byte"].get<double>() * 1e9);
+    }
+  }
   if (env.world_size > 1) {
     const train::CodecCost none;
     std::printf("# AllReduce of the model, slowest rank: %.3f ms at %llu B chunks, %.3f ms at %llu "
@@ -524,12 +577,48 @@ void RunProbe(const ProbeArgs& args) {
                 cpu_allreduce[2] * 1e3, static_cast<unsigned long long>(kLargeChunk),
                 transport_cpu.s_per_byte * 1e9, transport_cpu.s_per_message * 1e6,
                 big_message_cpu * 1e9, compute_cpu_share, cpu_share);
+    // Each codec's cost in the ring, from its AllReduces: the slowest rank's wall time and the
+    // median CPU time over ranks, as without a codec.
+    fit_in.transport_cpu_s_per_byte = transport_cpu.s_per_byte;
+    fit_in.transport_cpu_s_per_message = transport_cpu.s_per_message;
+    for (int c = 0; c < kNumProbeCodecs; ++c) {
+      nlohmann::json& entry = codecs[c + 1];
+      std::vector<train::TimedCodec> timed;
+      for (const bool large : {false, true}) {
+        std::vector<double> cpu;
+        double slowest = 0;
+        for (int r = 0; r < env.world_size; ++r) {
+          slowest = std::max(slowest, all[kFields * r + CodecField(c, large, false)]);
+          cpu.push_back(all[kFields * r + CodecField(c, large, true)]);
+        }
+        timed.push_back({double(large ? kLargeChunk : kMidChunk), slowest, Median(cpu)});
+      }
+      const train::CodecCost fit =
+          train::FitCodec(fit_in, kProbeCodecs[c], entry["ratio"].get<double>(), timed);
+      entry["s_per_byte"] = fit.s_per_byte;
+      entry["cpu_s_per_byte"] = fit.cpu_s_per_byte.value_or(0);
+      entry["s_per_chunk"] = fit.s_per_chunk;
+      entry["cpu_s_per_chunk"] = fit.cpu_s_per_chunk;
+      entry["allreduce_s"] = {{std::to_string(kMidChunk), timed[0].seconds},
+                              {std::to_string(kLargeChunk), timed[1].seconds}};
+      entry["allreduce_cpu_s"] = {{std::to_string(kMidChunk), timed[0].cpu_s},
+                                  {std::to_string(kLargeChunk), timed[1].cpu_s}};
+      std::printf("# codec %-7s ratio %.3f; its AllReduce, slowest rank: %.3f ms at %llu B "
+                  "chunks, %.3f ms at %llu B; fitted to them, beside float32's: %+.3f ns per "
+                  "float32 byte and %+.2f us per chunk (CPU: %+.3f ns, %+.2f us; encode + decode "
+                  "alone: %.3f ns, rank 0); the model then gives %.3f ms and %.3f ms\n",
+                  kProbeCodecs[c], fit.ratio, timed[0].seconds * 1e3,
+                  static_cast<unsigned long long>(kMidChunk), timed[1].seconds * 1e3,
+                  static_cast<unsigned long long>(kLargeChunk), fit.s_per_byte * 1e9,
+                  fit.s_per_chunk * 1e6, fit.cpu_s_per_byte.value_or(0) * 1e9,
+                  fit.cpu_s_per_chunk * 1e6, entry["encode_decode_s_per_byte"].get<double>() * 1e9,
+                  train::RingAllReduceTime(fit_in, fit, kMidChunk) * 1e3,
+                  train::RingAllReduceTime(fit_in, fit, kLargeChunk) * 1e3);
+    }
     // sigma: the slowest rank's width-1 step beyond what the model gives it at that chunk size.
     fit_in.compute_s = compute;
     fit_in.update_s = update;
     fit_in.cpu_share = cpu_share;
-    fit_in.transport_cpu_s_per_byte = transport_cpu.s_per_byte;
-    fit_in.transport_cpu_s_per_message = transport_cpu.s_per_message;
     sync_overhead = train::FitSyncOverhead(fit_in, kMidChunk, sync_step);
     std::printf("# width-1 steps (the trainer, %llu B chunks), slowest rank: %.3f ms per step; the "
                 "model without sigma gives %.3f ms: sigma %.3f ms\n",

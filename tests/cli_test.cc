@@ -900,6 +900,29 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   EXPECT_EQ(j["sync_step_s"]["seconds"].get<double>(), sync_step_max);
   EXPECT_GE(j["sync_overhead_s"].get<double>(), 0);
   EXPECT_EQ(j["big_message_cpu_s_per_byte"].get<double>(), Median(exchange_cpu));
+  // Every codec's own AllReduce at 64 KiB and 16 MiB chunks, the slowest rank's each; its kappa
+  // and CPU fitted to them, no lower than -rho (its decode adds in the same pass).
+  ASSERT_EQ(j["codecs"].size(), 6u);
+  for (size_t c = 1; c < j["codecs"].size(); ++c) {
+    const auto& codec = j["codecs"][c];
+    const std::string name = codec["name"].get<std::string>();
+    for (const char* chunk : {"65536", "16777216"}) {
+      double slowest_t = 0;
+      for (const auto& rank : j["per_rank"]) {
+        const double t = rank["codec_allreduce_s"][name][chunk].get<double>();
+        EXPECT_GT(t, 0) << name << " " << rank.dump();
+        slowest_t = std::max(slowest_t, t);
+      }
+      EXPECT_EQ(codec["allreduce_s"][chunk].get<double>(), slowest_t) << codec.dump();
+      EXPECT_GT(codec["allreduce_cpu_s"][chunk].get<double>(), 0) << codec.dump();
+    }
+    EXPECT_GE(codec["s_per_byte"].get<double>(), -j["reduce_s_per_byte"].get<double>());
+    EXPECT_GE(codec["cpu_s_per_byte"].get<double>(), -j["reduce_s_per_byte"].get<double>());
+    EXPECT_GE(codec["s_per_chunk"].get<double>(), -j["chunk_overhead_s"].get<double>());
+    EXPECT_GE(codec["cpu_s_per_chunk"].get<double>(),
+              -j["transport_cpu_s_per_message"].get<double>());
+    EXPECT_GT(codec["encode_decode_s_per_byte"].get<double>(), 0) << codec.dump();
+  }
   const double gamma = j["contention"].get<double>();
   const double mid = std::stod(m4[2]), model_mid = std::stod(m4[5]);
   if (gamma == 1) {
@@ -923,6 +946,13 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
     EXPECT_NE(m.out.find(fmt::format("# measured AllReduce (none) at {} B chunks: ", chunk)),
               std::string::npos)
         << m.out;
+  }
+  for (const char* codec : {"trunc16", "fp16", "q8", "q4", "sign1"}) {
+    for (const char* chunk : {"65536", "16777216"}) {
+      EXPECT_NE(m.out.find(fmt::format("# measured AllReduce ({}) at {} B chunks: ", codec, chunk)),
+                std::string::npos)
+          << m.out;
+    }
   }
   // The width-1 and width-2 steps the probe timed (the slowest rank's), beside the model's:
   // equal unless sigma (sigma_2) was clamped at 0 (the model above the measured step).
@@ -986,7 +1016,18 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   refused("wbig.json", [](auto& b) { b["workers"] = 1e308; }, {"wbig.json: workers = 1e+308"});
   refused("wfrac.json", [](auto& b) { b["workers"] = 2.5; }, {"wfrac.json: workers = 2.5"});
   refused("ratio.json", [](auto& b) { b["codecs"][1]["ratio"] = 0; },
-          {"ratio.json: codec", "ratio = 0", "expected a ratio >= 1 and a cost >= 0"});
+          {"ratio.json: codec", "ratio = 0",
+           "expected a ratio >= 1 and costs >= -reduce_s_per_byte"});
+  refused("codec_cpu.json",
+          [](auto& b) {
+            b["codecs"][2]["cpu_s_per_byte"] = -2 * b["reduce_s_per_byte"].template get<double>();
+          },
+          {"codec_cpu.json: codec fp16", "cpu_s_per_byte = -", "costs >= -reduce_s_per_byte"});
+  refused("codec_chunk.json",
+          [](auto& b) {
+            b["codecs"][3]["s_per_chunk"] = -2 * b["chunk_overhead_s"].template get<double>() - 1;
+          },
+          {"codec_chunk.json: codec q8", "s_per_chunk = -", "expected costs >= -chunk_overhead_s"});
   refused("update.json", [](auto& b) { b["update_s"] = -1; },
           {"update.json: update_s = -1: expected a number >= 0"});
   refused("gamma.json", [](auto& b) { b["contention"] = 5; },

@@ -201,8 +201,12 @@ TEST(TimingModel, CpuBoundByHand) {
   // AllReduce (rho, a wall time taken at s_c as C is, is half CPU; counted whole, 0.01206).
   EXPECT_NEAR(RingAllReduceCpuTime(in, kNone, 1e6), 0.00906, 1e-12);
   // q8 (r = 4, kappa = 2 ns/B), 250 kB chunks (m = 4): 6 (1e6 x 3 ns + 2.5e5 x 1 ns + 4 x 10 us).
-  EXPECT_NEAR(RingAllReduceCpuTime(in, {"q8", 4, 2e-9}, 2.5e5), 6 * (1.5e-3 + 2.5e-4 + 4e-5),
-              1e-12);
+  EXPECT_NEAR(RingAllReduceCpuTime(in, {"q8", 4, 2e-9}, 2.5e5),
+              6 * (1.5e-3 + 2.5e-4 + 4e-5), 1e-12);
+  // The codec's own CPU where the probe measured it (3 ns/B, 2 us per chunk) is taken as it is,
+  // not at s_c: 6 (1e6 x (1 ns x 0.5 + 3 ns) + 2.5e5 x 1 ns + 4 x (10 + 2) us).
+  EXPECT_NEAR(RingAllReduceCpuTime(in, {"q8", 4, 2e-9, 3e-9, 0, 2e-6}, 2.5e5),
+              6 * (3.5e-3 + 2.5e-4 + 4.8e-5), 1e-12);
   // (C + U) s_c + CPU of the AllReduce, over s: (0.011 x 0.5 + 0.00906) / 0.5 = 0.02912, above
   // width 1's C + U + T_AR = 0.0656 only when the link is fast: at 1e12 B/s T_AR = 0.0126.
   EXPECT_NEAR(CpuBoundTime(in, kNone, 1e6, 1), 0.02912, 1e-12);
@@ -233,6 +237,69 @@ TEST(TimingModel, CpuBoundByHand) {
   EXPECT_EQ(CpuBoundTime(in, kNone, 1e6, 1), 0.0);
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), t_ar, 1e-12);
   EXPECT_EQ(PsAsyncCpuBoundTime(in, kNone), 0.0);
+}
+
+TEST(TimingModel, FitCodecFromItsAllReduce) {
+  // Lab() (gamma 0), q8 (r = 4) with kappa = 2 ns/B and o_c = 5 us per chunk: T = 6 alpha +
+  // max(L = 0.012, P) + fill, P = 6 (1e6 (rho + kappa) + m (o + o_c)), fill = 6 s (rho + kappa).
+  //   1 MB chunks (m = 1):   P = 6 (3e-3 + 15e-6) = 0.01809, fill 0.018:  T = 0.03669
+  //   250 kB chunks (m = 4): P = 6 (3e-3 + 60e-6) = 0.01836, fill 0.0045: T = 0.02346
+  // Its CPU (no shares: rho counted whole; no transport CPU) with kappa_cpu = 3 ns/B and
+  // o_c,cpu = 4 us: 6e6 rho + 6 (1e6 kappa_cpu + m o_c,cpu) = 0.024024 and 0.024096.
+  const TimingInputs in = Lab();
+  CodecCost q8{"q8", 4, 2e-9, std::nullopt, 5e-6, 0};
+  EXPECT_NEAR(RingAllReduceTime(in, q8, 1e6), 0.03669, 1e-12);
+  EXPECT_NEAR(RingAllReduceTime(in, q8, 2.5e5), 0.02346, 1e-12);
+  CodecCost fit = FitCodec(in, "q8", 4, {{1e6, 0.03669, 0.024024}, {2.5e5, 0.02346, 0.024096}});
+  EXPECT_EQ(fit.name, "q8");
+  EXPECT_EQ(fit.ratio, 4);
+  EXPECT_NEAR(fit.s_per_byte, 2e-9, 1e-15);
+  EXPECT_NEAR(fit.s_per_chunk, 5e-6, 1e-11);
+  ASSERT_TRUE(fit.cpu_s_per_byte.has_value());
+  EXPECT_NEAR(*fit.cpu_s_per_byte, 3e-9, 1e-15);
+  EXPECT_NEAR(fit.cpu_s_per_chunk, 4e-6, 1e-12);
+  // One size: no o_c; kappa where the time meets (0.01266 + 1.2e7 kappa at m = 1 and o_c = 0:
+  // 0.03666 -> 2 ns/B), kappa_cpu from (0.024 - 0.006) / 6e6.
+  fit = FitCodec(in, "q8", 4, {{1e6, 0.03666, 0.024}});
+  EXPECT_NEAR(fit.s_per_byte, 2e-9, 1e-15);
+  EXPECT_EQ(fit.s_per_chunk, 0.0);
+  EXPECT_NEAR(*fit.cpu_s_per_byte, 3e-9, 1e-15);
+  EXPECT_EQ(fit.cpu_s_per_chunk, 0.0);
+  // Faster than the float32 path: the decode adds in the same pass, cheaper than rho. At
+  // kappa = -0.5 ns/B, P = 6 (1e6 x 0.5 ns + 10 us) = 0.00306 falls below L = 0.012: T = 0.0006
+  // + 0.012 + fill 6e6 x 0.5 ns = 0.0156 s; CPU 6e6 x 0.5 ns = 0.003 s.
+  fit = FitCodec(in, "q8", 4, {{1e6, 0.0156, 0.003}});
+  EXPECT_NEAR(fit.s_per_byte, -0.5e-9, 1e-15);
+  EXPECT_NEAR(*fit.cpu_s_per_byte, -0.5e-9, 1e-15);
+  // Faster than even that allows (below the latency and the link): -rho, where the reduction
+  // costs nothing; never below. Its CPU: (0.001 - 0.006) / 6e6.
+  fit = FitCodec(in, "q8", 4, {{1e6, 0.010, 0.001}});
+  EXPECT_NEAR(fit.s_per_byte, -1e-9, 1e-15);
+  EXPECT_NEAR(*fit.cpu_s_per_byte, -0.005 / 6e6, 1e-15);
+  // More chunks took less CPU (0.0234 s at m = 4 against 0.024 at m = 1): o_c,cpu would be
+  // negative beyond the transport's per-message CPU (0 here), so it stays at that floor and
+  // kappa_cpu is fitted to both: (0.003 + 0.0029) / 2e6 = 2.95 ns/B.
+  fit = FitCodec(in, "q8", 4, {{1e6, 0.03669, 0.024}, {2.5e5, 0.02346, 0.0234}});
+  EXPECT_EQ(fit.cpu_s_per_chunk, 0.0);
+  EXPECT_NEAR(*fit.cpu_s_per_byte, 2.95e-9, 1e-15);
+  // With the shares known, the reduction's CPU is rho s_c, and the transport's is counted: at
+  // s_c = 0.5 and 1 ns per byte sent, 6 (1e6 x 0.5 ns + 2.5e5 x 1 ns + 10 us) = 0.00456 s of
+  // it; 0.02256 s measured leaves 0.018 s: kappa_cpu 3 ns/B.
+  TimingInputs shared = in;
+  shared.compute_cpu_share = 0.5;
+  shared.cpu_share = 0.5;
+  shared.transport_cpu_s_per_byte = 1e-9;
+  shared.transport_cpu_s_per_message = 1e-5;
+  fit = FitCodec(shared, "q8", 4, {{1e6, 0.03666, 0.02256}});
+  EXPECT_NEAR(*fit.cpu_s_per_byte, 3e-9, 1e-15);
+  // Less CPU than the transport alone takes (0.001 s against 0.00156): -rho's CPU, 0.5 ns/B.
+  fit = FitCodec(shared, "q8", 4, {{1e6, 0.03666, 0.001}});
+  EXPECT_NEAR(*fit.cpu_s_per_byte, -0.5e-9, 1e-15);
+  // One worker, or nothing timed: nothing to fit.
+  TimingInputs one = in;
+  one.workers = 1;
+  EXPECT_EQ(FitCodec(one, "q8", 4, {{1e6, 0.03666, 0.024}}).s_per_byte, 0.0);
+  EXPECT_EQ(FitCodec(in, "q8", 4, {}).s_per_byte, 0.0);
 }
 
 TEST(TimingModel, SyncOverheadAddsToWidthOneOnly) {

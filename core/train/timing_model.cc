@@ -23,7 +23,8 @@ RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, dou
   const double cpu_per_byte = in.reduce_s_per_byte + codec.s_per_byte;
   t.latency_s = steps * in.latency_s;
   t.link_s = steps * block / (codec.ratio * in.bandwidth_Bps);
-  t.cpu_s = steps * (block * cpu_per_byte + t.chunks_per_block * in.chunk_overhead_s);
+  t.cpu_s = steps * (block * cpu_per_byte +
+                     t.chunks_per_block * (in.chunk_overhead_s + codec.s_per_chunk));
   // The fill is the chunk's work that no transfer hides; where nothing overlaps (gamma 1) P
   // already holds it, and adding it again charged one chunk per block twice (a whole block at
   // 16 MiB chunks, which the fit then took back from B).
@@ -127,9 +128,11 @@ double RingAllReduceCpuTime(const TimingInputs& in, const CodecCost& codec, doub
   const RingTerms t = RingAllReduceTerms(in, codec, chunk_bytes);
   if (in.workers == 1 || in.model_bytes <= 0) return 0;
   const double steps = 2.0 * (in.workers - 1), block = in.model_bytes / in.workers;
-  return steps * (block * (in.reduce_s_per_byte + codec.s_per_byte) * CpuOfWall(in) +
+  const double codec_cpu = codec.cpu_s_per_byte.value_or(codec.s_per_byte * CpuOfWall(in));
+  return steps * (block * (in.reduce_s_per_byte * CpuOfWall(in) + codec_cpu) +
                   block / codec.ratio * in.transport_cpu_s_per_byte +
-                  t.chunks_per_block * in.transport_cpu_s_per_message);
+                  t.chunks_per_block *
+                      (in.transport_cpu_s_per_message + codec.cpu_s_per_chunk));
 }
 
 double UpdateTime(const TimingInputs& in, int width) {
@@ -173,6 +176,80 @@ TransportCpu FitTransportCpu(const TimingInputs& in, TimedCpu small, TimedCpu la
   } else if (fit.s_per_byte < 0) {
     fit = {0, (y_small + y_large) / (n_small + n_large)};
   }
+  return fit;
+}
+
+CodecCost FitCodec(const TimingInputs& in, const std::string& name, double ratio,
+                   const std::vector<TimedCodec>& timed) {
+  PSGD_CHECK(ratio >= 1);
+  CodecCost fit{name, ratio, 0, 0.0};
+  if (in.workers == 1 || in.model_bytes <= 0 || timed.empty()) return fit;
+  const double steps = 2.0 * (in.workers - 1), block = in.model_bytes / in.workers;
+  const auto chunks = [&](const TimedCodec& t) {
+    PSGD_CHECK(t.chunk_bytes > 0);
+    return std::ceil(block / t.chunk_bytes);
+  };
+  const auto [few, many] = std::minmax_element(
+      timed.begin(), timed.end(),
+      [&](const TimedCodec& a, const TimedCodec& b) { return chunks(a) < chunks(b); });
+  const double m_few = chunks(*few), m_many = chunks(*many);
+  const auto with = [&](double kappa, double per_chunk) {
+    CodecCost c = fit;
+    c.s_per_byte = kappa;
+    c.s_per_chunk = per_chunk;
+    return c;
+  };
+  // kappa at which RingAllReduceTime meets `t` with o_c = per_chunk: the time grows with kappa
+  // (the CPU term and the fill do; nothing falls). In ns/B, so that Crossing's 1e-12 is far
+  // below any kappa.
+  const auto kappa_at = [&](const TimedCodec& t, double per_chunk) {
+    return 1e-9 * Crossing(
+                      [&](double ns) {
+                        return RingAllReduceTime(in, with(ns * 1e-9, per_chunk), t.chunk_bytes);
+                      },
+                      -in.reduce_s_per_byte * 1e9, 1000, t.seconds);
+  };
+  // Its CPU: what each AllReduce took beyond the ring's without the codec's costs; linear in
+  // kappa_cpu and o_c,cpu.
+  const auto beyond = [&](const TimedCodec& t) {
+    return t.cpu_s - RingAllReduceCpuTime(in, {name, ratio, 0, 0.0}, t.chunk_bytes);
+  };
+  const double kappa_cpu_floor = -in.reduce_s_per_byte * CpuOfWall(in);
+  const double chunk_cpu_floor = -in.transport_cpu_s_per_message;
+  if (m_few == m_many) {
+    double kappa = 0, kappa_cpu = 0;
+    for (const TimedCodec& t : timed) {
+      kappa += kappa_at(t, 0);
+      kappa_cpu += std::max(kappa_cpu_floor, beyond(t) / (steps * block));
+    }
+    fit.s_per_byte = kappa / static_cast<double>(timed.size());
+    fit.cpu_s_per_byte = kappa_cpu / static_cast<double>(timed.size());
+    return fit;
+  }
+  // With o_c set, kappa fits the few-chunk time; the many-chunk time then grows with o_c (each
+  // chunk weighs more there than the kappa it takes back from the few), so o_c is where it meets.
+  fit.s_per_chunk = Crossing(
+      [&](double per_chunk) {
+        return RingAllReduceTime(in, with(kappa_at(*few, per_chunk), per_chunk),
+                                 many->chunk_bytes);
+      },
+      -in.chunk_overhead_s, 10e-3, many->seconds);
+  fit.s_per_byte = kappa_at(*few, fit.s_per_chunk);
+  // Two equations: beyond = 2(W-1) (block kappa_cpu + m o_c,cpu) at each size.
+  const double y_few = beyond(*few) / steps, y_many = beyond(*many) / steps;
+  double per_chunk = (y_many - y_few) / (m_many - m_few);
+  double per_byte = (y_few - m_few * per_chunk) / block;
+  if (per_chunk < chunk_cpu_floor) {
+    per_chunk = chunk_cpu_floor;
+    per_byte = (y_few + y_many - (m_few + m_many) * per_chunk) / (2 * block);
+  }
+  if (per_byte < kappa_cpu_floor) {
+    per_byte = kappa_cpu_floor;
+    per_chunk = std::max(chunk_cpu_floor,
+                         (y_few + y_many - 2 * block * per_byte) / (m_few + m_many));
+  }
+  fit.cpu_s_per_byte = per_byte;
+  fit.cpu_s_per_chunk = per_chunk;
   return fit;
 }
 

@@ -10,6 +10,7 @@
 // Units: seconds, bytes, bytes per second. Links are full duplex, B in each direction.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,7 +66,19 @@ struct TimingInputs {
 struct CodecCost {
   std::string name = "none";
   double ratio = 1;         // r: float32 bytes / wire bytes, >= 1
-  double s_per_byte = 0;    // kappa: one encode + one decode, per float32 byte
+  // kappa: what the codec adds to the ring's CPU term, per float32 byte of the model (wall time,
+  // taken as C is). `pipesgd probe` fits it to the job's AllReduce with the codec (FitCodec); by
+  // hand, one encode + one decode.
+  double s_per_byte = 0;
+  // kappa_cpu: the CPU time the codec adds per float32 byte, for the CPU bound (FitCodec, from the
+  // same AllReduces' CPU time). Not known: kappa at the compute share s_c, as rho.
+  std::optional<double> cpu_s_per_byte = std::nullopt;
+  // o_c: what the codec adds to each chunk message's cost o, and o_c's CPU (FitCodec; 0 by
+  // hand). A coded chunk lands in a staging arena and is decoded from there, where a float32
+  // one lands in place: on 4 ranks on loopback q8's AllReduce equals float32's at 16 KiB chunks
+  // and is 1.7x faster at 256 KiB.
+  double s_per_chunk = 0;
+  double cpu_s_per_chunk = 0;
 };
 
 // Ring AllReduce of M bytes over W ranks in chunks of at most `chunk_bytes` (raw float32 bytes)
@@ -74,7 +87,7 @@ struct CodecCost {
 //   T_AR = 2(W-1) alpha
 //        + max(L, P) + gamma min(L, P)                         with
 //            L = 2(W-1) M / (W r B)                            the link, busy all along
-//            P = 2(W-1) [ (M/W)(rho + kappa) + m o ]           the communication thread's CPU
+//            P = 2(W-1) [ (M/W)(rho + kappa) + m (o + o_c) ]   the communication thread's CPU
 //        + 2(W-1) s (rho + kappa)                              per step, one chunk not overlapped
 // W = 1: 0.
 double RingAllReduceTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
@@ -91,9 +104,10 @@ struct RingTerms {
 RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
 
 // CPU time of one ring AllReduce on one rank: the reduction and the codec (rho and kappa are
-// wall times at the compute share s_c, as C: s_c of them is CPU; 1 where s_c is not known), and
-// the transport's share per byte sent and per chunk message:
-//   2(W-1) [ (M/W)(rho + kappa) s_c + (M/W)/r cpu_byte + m cpu_msg ]
+// wall times at the compute share s_c, as C: s_c of them is CPU; 1 where s_c is not known; the
+// codec's kappa_cpu where known), and the transport's share per byte sent and per chunk message:
+//   2(W-1) [ (M/W)(rho s_c + kappa_cpu) + (M/W)/r cpu_byte + m (cpu_msg + o_c,cpu) ]
+// (kappa_cpu not known: kappa s_c)
 double RingAllReduceCpuTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
 
 // U at pipeline width `width`: U_K for width >= 2 where known, else U.
@@ -118,6 +132,27 @@ struct TimedCpu {
   double cpu_s = 0;  // CPU time of one AllReduce, every thread of the rank
 };
 TransportCpu FitTransportCpu(const TimingInputs& in, TimedCpu small, TimedCpu large);
+
+// A codec's costs from the job's own AllReduce of the model with it, timed at two chunk sizes
+// (its wall time on the slowest rank, its CPU time), with B, o, gamma and the transport's CPU
+// already fitted without a codec: kappa and o_c such that RingAllReduceTime gives both times,
+// kappa_cpu and o_c,cpu such that RingAllReduceCpuTime gives both CPU times. Encode and decode
+// timed alone miss what the codec does in the ring (a decode and an encode per reduce-scatter
+// step, a decode per all-gather step, messages r times smaller, the staging): on 4 ranks on
+// loopback they had q8's AllReduce at 256 KiB chunks 15% slower than it ran and sign1's 31%
+// faster. The costs are beside the float32 path's and may be negative: the decode adds in the
+// same pass (Codec::DecodeAdd), which can cost less than rho. Bounds: kappa in [-rho, 1 us/B],
+// o_c in [-o, 10 ms] (o_c at a bound: kappa fits the size with fewer chunks); kappa_cpu at
+// least -rho's CPU, o_c,cpu at least -cpu_msg (one at its bound: the other fitted to both
+// sizes). Timed at one size, or at sizes with the same number of chunks per block: o_c is 0 and
+// kappa the mean. With one worker, or nothing timed, all are 0.
+struct TimedCodec {
+  double chunk_bytes = 0;
+  double seconds = 0;  // wall time of one AllReduce
+  double cpu_s = 0;    // CPU time of one AllReduce, every thread of the rank
+};
+CodecCost FitCodec(const TimingInputs& in, const std::string& name, double ratio,
+                   const std::vector<TimedCodec>& timed);
 
 // Synchronous ring SGD (pipeline width 1): C + U + T_AR, or the CPU bound if longer, + sigma.
 double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
