@@ -59,11 +59,15 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
     if (per_rank.empty()) return lines;
     std::vector<double> compute;
     std::vector<ByChunk> allreduce(codecs.size());  // by codec (codecs[0]: none), by chunk size
-    std::vector<double> sync_step, pipe_step;
+    std::vector<double> sync_step, pipe_step, fast_sync_step, fast_pipe_step;
     for (const auto& r : per_rank) {
       compute.push_back(r.at("compute_s").get<double>());
-      if (r.contains("sync_step_s")) sync_step.push_back(r.at("sync_step_s").get<double>());
-      if (r.contains("pipe_step_s")) pipe_step.push_back(r.at("pipe_step_s").get<double>());
+      for (auto [key, steps] : {std::pair{"sync_step_s", &sync_step},
+                                std::pair{"pipe_step_s", &pipe_step},
+                                std::pair{"fast_sync_step_s", &fast_sync_step},
+                                std::pair{"fast_pipe_step_s", &fast_pipe_step}}) {
+        if (r.contains(key)) steps->push_back(r.at(key).get<double>());
+      }
       if (r.contains("allreduce_s")) add_times(r.at("allreduce_s"), allreduce[0]);
       for (size_t c = 1; c < codecs.size() && r.contains("codec_allreduce_s"); ++c) {
         const auto& by_codec = r.at("codec_allreduce_s");
@@ -84,23 +88,39 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
       }
     }
     // The real steps of each width (the trainer at one chunk size), beside the model's.
-    const auto step_line = [&](const char* key, const std::vector<double>& steps, int width) {
-      if (steps.empty() || !probe.contains(key)) return;
-      const double chunk = probe.at(key).at("chunk_bytes").get<double>();
+    const auto step_line = [&](const nlohmann::json& at, const char* key,
+                               const train::CodecCost& codec, const std::vector<double>& steps,
+                               int width) {
+      if (steps.empty()) return;
+      const double chunk = at.at("chunk_bytes").get<double>();
       if (!(chunk >= 1) || !std::isfinite(chunk)) {
         Throw(ErrorCode::kInvalidArgument,
               "model --probe {}: {} chunk_bytes = {}: expected a size in bytes (>= 1)", path, key,
               chunk);
       }
-      const double model = train::PipeTime(in, train::CodecCost{}, chunk, width);
+      const double model = train::PipeTime(in, codec, chunk, width);
       lines.push_back(fmt::format(
-          "measured width-{} step (none) at {:.0f} B chunks: {}; the model gives {:.3f} ms "
+          "measured width-{} step ({}) at {:.0f} B chunks: {}; the model gives {:.3f} ms "
           "({:+.1f}% of the slowest rank's)",
-          width, chunk, spread(steps), model * 1e3,
+          width, codec.name, chunk, spread(steps), model * 1e3,
           100 * (model / *std::max_element(steps.begin(), steps.end()) - 1)));
     };
-    step_line("sync_step_s", sync_step, 1);
-    step_line("pipe_step_s", pipe_step, 2);
+    if (probe.contains("sync_step_s")) {
+      step_line(probe.at("sync_step_s"), "sync_step_s", codecs[0], sync_step, 1);
+    }
+    if (probe.contains("pipe_step_s")) {
+      step_line(probe.at("pipe_step_s"), "pipe_step_s", codecs[0], pipe_step, 2);
+    }
+    if (probe.contains("fast_codec")) {
+      const auto& fast = probe.at("fast_codec");
+      const auto codec = std::find_if(codecs.begin(), codecs.end(), [&](const auto& c) {
+        return c.name == fast.at("name").get<std::string>();
+      });
+      if (codec != codecs.end()) {
+        step_line(fast, "fast_codec", *codec, fast_sync_step, 1);
+        step_line(fast, "fast_codec", *codec, fast_pipe_step, 2);
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     Throw(ErrorCode::kInvalidArgument, "model --probe {}: per_rank is not a probe's: {}", path,
           e.what());
@@ -145,6 +165,11 @@ void RunModel(const ModelArgs& a) {
       in.pipelined_update_s = j.value("pipelined_update_s", 0.0);  // earlier probes: U
       in.sync_overhead_s = j.value("sync_overhead_s", 0.0);
       in.pipe_overhead_s = j.value("pipe_overhead_s", 0.0);  // earlier probes: none
+      // Earlier probes: sigma at one AllReduce time, the same everywhere.
+      in.overhead_allreduce_s = j.value("overhead_allreduce_s", 0.0);
+      in.fast_allreduce_s = j.value("fast_allreduce_s", 0.0);
+      in.fast_sync_overhead_s = j.value("fast_sync_overhead_s", 0.0);
+      in.fast_pipe_overhead_s = j.value("fast_pipe_overhead_s", 0.0);
       in.big_message_cpu_s_per_byte = j.value("big_message_cpu_s_per_byte", 0.0);
       in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
       for (const auto& c : j.at("codecs")) {
@@ -230,8 +255,8 @@ void RunModel(const ModelArgs& a) {
       {"compute_cpu_share", in.compute_cpu_share},
       {"cpu_share", in.cpu_share},
       {"pipelined_update_s", in.pipelined_update_s},
-      {"sync_overhead_s", in.sync_overhead_s},
-      {"pipe_overhead_s", in.pipe_overhead_s},
+      {"overhead_allreduce_s", in.overhead_allreduce_s},
+      {"fast_allreduce_s", in.fast_allreduce_s},
       {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
       {"transport_cpu_s_per_byte", in.transport_cpu_s_per_byte},
       {"transport_cpu_s_per_message", in.transport_cpu_s_per_message}};
@@ -248,6 +273,16 @@ void RunModel(const ModelArgs& a) {
   for (const auto& [name, v] : non_negative) {
     if (!(v >= 0) || !std::isfinite(v)) {
       Throw(ErrorCode::kInvalidArgument, "model --probe {}: {} = {}: expected a number >= 0",
+            a.probe_json, name, v);
+    }
+  }
+  // sigma and sigma_2 may be negative (a late rank's lag hidden in a long AllReduce).
+  for (const auto& [name, v] : {std::pair{"sync_overhead_s", in.sync_overhead_s},
+                                std::pair{"pipe_overhead_s", in.pipe_overhead_s},
+                                std::pair{"fast_sync_overhead_s", in.fast_sync_overhead_s},
+                                std::pair{"fast_pipe_overhead_s", in.fast_pipe_overhead_s}}) {
+    if (!std::isfinite(v)) {
+      Throw(ErrorCode::kInvalidArgument, "model --probe {}: {} = {}: expected a finite number",
             a.probe_json, name, v);
     }
   }
@@ -308,6 +343,14 @@ void RunModel(const ModelArgs& a) {
               in.contention, in.overlap_compute_factor, in.overlap_allreduce_factor,
               in.compute_cpu_share, in.cpu_share, in.transport_cpu_s_per_byte * 1e9,
               in.transport_cpu_s_per_message * 1e6, in.big_message_cpu_s_per_byte * 1e9);
+  if (in.workers > 1 && in.overhead_allreduce_s > 0 && in.fast_allreduce_s > 0) {
+    std::printf("# sigma and sigma_2 at the AllReduce times they were measured at: %.3f ms and "
+                "%.3f ms at %.3f ms (no codec), %.3f ms and %.3f ms at %.3f ms (the fastest "
+                "codec); between them linear in 1/T_AR, beyond them the nearer one's\n",
+                in.sync_overhead_s * 1e3, in.pipe_overhead_s * 1e3, in.overhead_allreduce_s * 1e3,
+                in.fast_sync_overhead_s * 1e3, in.fast_pipe_overhead_s * 1e3,
+                in.fast_allreduce_s * 1e3);
+  }
   if (in.workers == 1) {
     std::printf("# one worker: no AllReduce and no parameter server; each row is compute and "
                 "update alone\n");
@@ -388,6 +431,10 @@ void RunModel(const ModelArgs& a) {
                         {"pipelined_update_s", train::UpdateTime(in, 2)},
                         {"sync_overhead_s", in.sync_overhead_s},
                         {"pipe_overhead_s", in.pipe_overhead_s},
+                        {"overhead_allreduce_s", in.overhead_allreduce_s},
+                        {"fast_allreduce_s", in.fast_allreduce_s},
+                        {"fast_sync_overhead_s", in.fast_sync_overhead_s},
+                        {"fast_pipe_overhead_s", in.fast_pipe_overhead_s},
                         {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
                         {"reduce_s_per_byte", in.reduce_s_per_byte},
                         {"chunk_overhead_s", in.chunk_overhead_s},

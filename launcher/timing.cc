@@ -57,15 +57,21 @@ constexpr int kPipeStep = 22;
 constexpr const char* kProbeCodecs[] = {"trunc16", "fp16", "q8", "q4", "sign1"};
 constexpr int kNumProbeCodecs = 5;
 constexpr int kCodecAllReduce = 23;
-constexpr int kFields = kCodecAllReduce + 4 * kNumProbeCodecs;
+// The codec whose AllReduce at kMidChunk is fastest (an index into kProbeCodecs, the same on
+// every rank), and real width-1 and width-2 steps with it: sigma where the AllReduce is short.
+constexpr int kFastCodec = kCodecAllReduce + 4 * kNumProbeCodecs;
+constexpr int kFastSyncStep = kFastCodec + 1;
+constexpr int kFastPipeStep = kFastCodec + 2;
+constexpr int kFields = kFastCodec + 3;
 constexpr int CodecField(int codec, bool large, bool cpu) {
   return kCodecAllReduce + 4 * codec + 2 * static_cast<int>(large) + static_cast<int>(cpu);
 }
 // About how long the overlapped AllReduces run (seconds), in calls every rank agrees on.
 constexpr double kOverlapBudgetS = 0.5;
-// Real steps of each width, in kStepRounds rounds of the two widths in turn, each about
-// kSyncBudgetS / 2: the median round of each width counts (one round of 0.4 s per width read
-// sigma 0.63 and 1.64 ms in two probes minutes apart on the unshaped lab).
+// Real steps of each width without a codec and with the fast one, in kStepRounds rounds of the
+// four in turn, each about kSyncBudgetS / kStepRounds: the median round of each counts (one
+// round of 0.4 s per width read sigma 0.63 and 1.64 ms in two probes minutes apart on the
+// unshaped lab).
 constexpr double kSyncBudgetS = 0.4;
 constexpr int kStepRounds = 3;
 // The ring's per-chunk cost shows only in a real AllReduce with many chunks (a wake-up, a header,
@@ -345,18 +351,41 @@ void RunProbe(const ProbeArgs& args) {
       mine[kOverlapCompute] =
           overlapped_steps > 0 ? compute_window_s / static_cast<double>(overlapped_steps) : 0;
 
-      // Real width-1 steps (the job's trainer, its communication thread, kMidChunk chunks) on a
-      // scratch copy: what they take beyond C + U + T_AR is the model's sigma. The step count,
-      // as the call count above, from an AllReduce.
-      std::vector<float> estimate = {static_cast<float>(compute_s + update_s + mine[8])};
-      ring->AllReduce(estimate, collective::ReduceOp::kAverage,
+      // Real width-1 and width-2 steps (the job's trainer, its communication thread, kMidChunk
+      // chunks) on a scratch copy, without a codec and with the one whose AllReduce is fastest
+      // (sigma shrinks as the AllReduce grows: a late rank's lag hides in a long one). What they
+      // take beyond C + U + T_AR is the model's sigma. The codec and the step counts, as the
+      // call count above, from an AllReduce: the same on every rank.
+      std::vector<float> agreed(2 + kNumProbeCodecs);
+      for (int c = 0; c < kNumProbeCodecs; ++c) {
+        agreed[2 + c] = static_cast<float>(mine[CodecField(c, false, false)]);
+      }
+      ring->AllReduce(agreed, collective::ReduceOp::kAverage,
                       Deadline::After(job.comm().timeout_s()));
-      const int sync_steps = std::clamp(
-          static_cast<int>(kSyncBudgetS / 2 / std::max(1e-6, double(estimate[0]))), 4, 50);
+      const int fast = static_cast<int>(
+          std::min_element(agreed.begin() + 2, agreed.end()) - (agreed.begin() + 2));
+      mine[kFastCodec] = fast;
+      agreed[0] = static_cast<float>(compute_s + update_s + mine[8]);
+      agreed[1] = static_cast<float>(compute_s + update_s + mine[CodecField(fast, false, false)]);
+      ring->AllReduce(agreed, collective::ReduceOp::kAverage,
+                      Deadline::After(job.comm().timeout_s()));
+      const auto steps_for = [&](float estimate) {
+        return std::clamp(
+            static_cast<int>(kSyncBudgetS / kStepRounds / std::max(1e-6, double(estimate))), 4,
+            50);
+      };
+      const int sync_steps = steps_for(agreed[0]), fast_steps = steps_for(agreed[1]);
       collective::CommunicatorOptions mid_options;
       mid_options.chunk_bytes = kMidChunk;
       auto mid_ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left}, {&right},
                                                                     mid_options);
+      collective::CommunicatorOptions fast_options = job::CommunicatorOptionsFromConfig(job);
+      fast_options.chunk_bytes = kMidChunk;
+      fast_options.streams = 1;
+      fast_options.codec.kind = ParseCodecKind(kProbeCodecs[fast]);
+      fast_options.compression_min_bytes = 0;
+      auto fast_ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left},
+                                                                     {&right}, fast_options);
       std::vector<float> scratch(params);
       train::SgdOptimizer scratch_sgd(
           {train_cfg.learning_rate(), train_cfg.momentum(), train_cfg.weight_decay()}, p);
@@ -365,28 +394,32 @@ void RunProbe(const ProbeArgs& args) {
       trainer_options.timeout_s = job.comm().timeout_s();
       // Steps of one width at a time; width 2's pipeline fills in its first step (it applies
       // nothing), so the untimed steps cover it.
-      const auto time_steps = [&](int width) {
+      const auto time_steps = [&](collective::Communicator& comm, int steps, int width) {
         trainer_options.pipeline_width = width;
         trainer_options.compensation =
             width >= 2 ? job::detail::CompensationFromConfig(train_cfg.staleness_compensation())
                        : train::StalenessCompensation::kNone;
-        train::Trainer trainer(*mid_ring, task, scratch_sgd, scratch, trainer_options);
+        train::Trainer trainer(comm, task, scratch_sgd, scratch, trainer_options);
         for (int i = 0; i < 2; ++i) trainer.Step();
         const auto s0 = Clock::now();
-        for (int i = 0; i < sync_steps; ++i) trainer.Step();
-        const double per_step = SecondsSince(s0) / sync_steps;
+        for (int i = 0; i < steps; ++i) trainer.Step();
+        const double per_step = SecondsSince(s0) / steps;
         trainer.Drain(false);
         return per_step;
       };
-      // Widths in turn, so that neither takes all of a slow moment, nor pays alone for what
-      // warms up first.
-      std::vector<double> sync_rounds, pipe_rounds;
+      // In turn, so that none takes all of a slow moment, nor pays alone for what warms up
+      // first.
+      std::vector<double> rounds[4];
       for (int round = 0; round < kStepRounds; ++round) {
-        sync_rounds.push_back(time_steps(1));
-        pipe_rounds.push_back(time_steps(2));
+        rounds[0].push_back(time_steps(*mid_ring, sync_steps, 1));
+        rounds[1].push_back(time_steps(*mid_ring, sync_steps, 2));
+        rounds[2].push_back(time_steps(*fast_ring, fast_steps, 1));
+        rounds[3].push_back(time_steps(*fast_ring, fast_steps, 2));
       }
-      mine[kSyncStep] = Median(sync_rounds);
-      mine[kPipeStep] = Median(pipe_rounds);
+      mine[kSyncStep] = Median(rounds[0]);
+      mine[kPipeStep] = Median(rounds[1]);
+      mine[kFastSyncStep] = Median(rounds[2]);
+      mine[kFastPipeStep] = Median(rounds[3]);
     }
     // Gather every rank's numbers at rank 0: one pass around the ring.
     const size_t bytes = all.size() * sizeof(double);
@@ -433,6 +466,8 @@ void RunProbe(const ProbeArgs& args) {
                         {"pipelined_update_s", v[kPipelinedUpdate]},
                         {"sync_step_s", v[kSyncStep]},
                         {"pipe_step_s", v[kPipeStep]},
+                        {"fast_sync_step_s", v[kFastSyncStep]},
+                        {"fast_pipe_step_s", v[kFastPipeStep]},
                         {"reduce_s_per_byte", v[5]},
                         {"cpu", {{"compute_share", v[kComputeCpuShare]},
                                  {"share", v[kCpuShare]},
@@ -466,6 +501,7 @@ void RunProbe(const ProbeArgs& args) {
   double overlap_compute = 0, overlap_allreduce = 0;                    // the slowest rank's
   double sync_step = 0;  // the slowest rank's width-1 step (kMidChunk)
   double pipe_step = 0;  // and width-2 step
+  double fast_sync_step = 0, fast_pipe_step = 0;  // the same with the fast codec
   // The CPU shares of the rank that computes slowest (they go with its C); the AllReduce's CPU
   // time per call, the median over ranks (small, mid, large chunks).
   double compute_cpu_share = 0, cpu_share = 0;
@@ -490,6 +526,8 @@ void RunProbe(const ProbeArgs& args) {
       overlap_allreduce = std::max(overlap_allreduce, all[kFields * r + kOverlapAllReduce]);
       sync_step = std::max(sync_step, all[kFields * r + kSyncStep]);
       pipe_step = std::max(pipe_step, all[kFields * r + kPipeStep]);
+      fast_sync_step = std::max(fast_sync_step, all[kFields * r + kFastSyncStep]);
+      fast_pipe_step = std::max(fast_pipe_step, all[kFields * r + kFastPipeStep]);
     }
     overhead = Median(ovh);
     reduce = Median(rho);
@@ -562,7 +600,11 @@ void RunProbe(const ProbeArgs& args) {
   // The transport's CPU time per byte sent and per message, from the AllReduce's CPU time with
   // many chunks and with few; with the shares, the model's CPU bound.
   train::TransportCpu transport_cpu;
-  double sync_overhead = 0, pipe_overhead = 0;
+  double sync_overhead = 0, pipe_overhead = 0, fast_sync_overhead = 0, fast_pipe_overhead = 0;
+  // Each codec as fitted, and its AllReduce at kMidChunk as timed (the slowest rank's).
+  std::vector<train::CodecCost> fitted(kNumProbeCodecs);
+  std::vector<double> codec_mid(kNumProbeCodecs, 0.0);
+  const int fast = static_cast<int>(all[kFastCodec]);  // the same on every rank
   if (env.world_size > 1) {
     fit_in.compute_cpu_share = compute_cpu_share;  // the reduction's CPU is s_c of its wall time
     transport_cpu = train::FitTransportCpu(fit_in, {double(kSmallChunk), cpu_allreduce[0]},
@@ -595,6 +637,8 @@ void RunProbe(const ProbeArgs& args) {
       }
       const train::CodecCost fit =
           train::FitCodec(fit_in, kProbeCodecs[c], entry["ratio"].get<double>(), timed);
+      fitted[c] = fit;
+      codec_mid[c] = timed[0].seconds;
       entry["s_per_byte"] = fit.s_per_byte;
       entry["cpu_s_per_byte"] = fit.cpu_s_per_byte.value_or(0);
       entry["s_per_chunk"] = fit.s_per_chunk;
@@ -615,16 +659,21 @@ void RunProbe(const ProbeArgs& args) {
                   train::RingAllReduceTime(fit_in, fit, kMidChunk) * 1e3,
                   train::RingAllReduceTime(fit_in, fit, kLargeChunk) * 1e3);
     }
-    // sigma: the slowest rank's width-1 step beyond what the model gives it at that chunk size.
+    // sigma at two AllReduce times: the slowest rank's width-1 step beyond C + U + its
+    // AllReduce as timed (or the CPU bound), without a codec and with the fast one.
     fit_in.compute_s = compute;
     fit_in.update_s = update;
     fit_in.cpu_share = cpu_share;
-    sync_overhead = train::FitSyncOverhead(fit_in, kMidChunk, sync_step);
-    std::printf("# width-1 steps (the trainer, %llu B chunks), slowest rank: %.3f ms per step; the "
-                "model without sigma gives %.3f ms: sigma %.3f ms\n",
+    sync_overhead =
+        train::FitSyncOverhead(fit_in, train::CodecCost{}, kMidChunk, allreduce_mid, sync_step);
+    fast_sync_overhead = train::FitSyncOverhead(fit_in, fitted[fast], kMidChunk, codec_mid[fast],
+                                                fast_sync_step);
+    std::printf("# width-1 steps (the trainer, %llu B chunks), slowest rank: %.3f ms per step "
+                "without a codec, %.3f ms with %s (the fastest AllReduce); beyond C + U + the "
+                "AllReduce as timed (%.3f ms, %.3f ms), or the CPU bound: sigma %.3f ms, %.3f ms\n",
                 static_cast<unsigned long long>(kMidChunk), sync_step * 1e3,
-                train::RingSyncTime(fit_in, train::CodecCost{}, kMidChunk) * 1e3,
-                sync_overhead * 1e3);
+                fast_sync_step * 1e3, kProbeCodecs[fast], allreduce_mid * 1e3,
+                codec_mid[fast] * 1e3, sync_overhead * 1e3, fast_sync_overhead * 1e3);
   }
   // How much each thread slows the other where they run at once (1: not at all); the model's
   // width-2 prediction uses them.
@@ -638,16 +687,20 @@ void RunProbe(const ProbeArgs& args) {
                 "compute %.3f ms per step (%.2fx alone), AllReduce %.3f ms (%.2fx alone)\n",
                 static_cast<unsigned long long>(kLargeChunk), overlap_compute * 1e3,
                 compute_factor, overlap_allreduce * 1e3, allreduce_factor);
-    // sigma_2: the slowest rank's width-2 step beyond what the model gives it, as sigma.
+    // sigma_2: the slowest rank's width-2 steps beyond the overlap formula, as sigma.
     fit_in.pipelined_update_s = pipelined_update;
     fit_in.overlap_compute_factor = compute_factor;
     fit_in.overlap_allreduce_factor = allreduce_factor;
-    pipe_overhead = train::FitPipeOverhead(fit_in, kMidChunk, pipe_step);
-    std::printf("# width-2 steps (the trainer, %llu B chunks), slowest rank: %.3f ms per step; the "
-                "model without sigma_2 gives %.3f ms: sigma_2 %.3f ms\n",
+    pipe_overhead =
+        train::FitPipeOverhead(fit_in, train::CodecCost{}, kMidChunk, allreduce_mid, pipe_step);
+    fast_pipe_overhead = train::FitPipeOverhead(fit_in, fitted[fast], kMidChunk, codec_mid[fast],
+                                                fast_pipe_step);
+    std::printf("# width-2 steps (the trainer, %llu B chunks), slowest rank: %.3f ms per step "
+                "without a codec, %.3f ms with %s; beyond the overlap of C + U_K and the "
+                "AllReduce as timed, or the CPU bound: sigma_2 %.3f ms, %.3f ms\n",
                 static_cast<unsigned long long>(kMidChunk), pipe_step * 1e3,
-                train::PipeTime(fit_in, train::CodecCost{}, kMidChunk, 2) * 1e3,
-                pipe_overhead * 1e3);
+                fast_pipe_step * 1e3, kProbeCodecs[fast], pipe_overhead * 1e3,
+                fast_pipe_overhead * 1e3);
   }
   std::printf("# for the model: the slowest link and the slowest rank: latency %.1f us, bandwidth "
               "%.2f MB/s %s (%.2f MB/s a link alone), compute %.3f ms, "
@@ -695,6 +748,16 @@ void RunProbe(const ProbeArgs& args) {
                         {"transport_cpu_s_per_message", transport_cpu.s_per_message},
                         {"sync_step_s", {{"chunk_bytes", kMidChunk}, {"seconds", sync_step}}},
                         {"sync_overhead_s", sync_overhead},
+                        {"overhead_allreduce_s", env.world_size > 1 ? allreduce_mid : 0.0},
+                        {"fast_codec",
+                         {{"name", env.world_size > 1 ? kProbeCodecs[fast] : "none"},
+                          {"chunk_bytes", kMidChunk},
+                          {"allreduce_s", env.world_size > 1 ? codec_mid[fast] : 0.0},
+                          {"sync_step_s", fast_sync_step},
+                          {"pipe_step_s", fast_pipe_step}}},
+                        {"fast_allreduce_s", env.world_size > 1 ? codec_mid[fast] : 0.0},
+                        {"fast_sync_overhead_s", fast_sync_overhead},
+                        {"fast_pipe_overhead_s", fast_pipe_overhead},
                         {"pipe_step_s", {{"chunk_bytes", kMidChunk}, {"seconds", pipe_step}}},
                         {"pipe_overhead_s", pipe_overhead},
                         {"big_message_cpu_s_per_byte", big_message_cpu},

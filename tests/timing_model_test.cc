@@ -303,36 +303,81 @@ TEST(TimingModel, FitCodecFromItsAllReduce) {
 }
 
 TEST(TimingModel, SyncOverheadAddsToWidthOneOnly) {
-  // Lab() at 1 MB chunks: width 1 0.0656, width 2 0.0546 (SchemesByHand). A width-1 step timed
-  // at 0.0700 leaves sigma = 0.0044; one timed below the model leaves 0.
+  // Lab() at 1 MB chunks: width 1 0.0656 (C + U = 0.011, T_AR = 0.0546), width 2 0.0546
+  // (SchemesByHand). A width-1 step timed at 0.0700 with its AllReduce timed at 0.0546 leaves
+  // sigma = 0.0044.
   TimingInputs in = Lab();
-  EXPECT_NEAR(FitSyncOverhead(in, 1e6, 0.0700), 0.0044, 1e-12);
-  EXPECT_EQ(FitSyncOverhead(in, 1e6, 0.0600), 0.0);
+  EXPECT_NEAR(FitSyncOverhead(in, kNone, 1e6, 0.0546, 0.0700), 0.0044, 1e-12);
+  // sigma is what the step adds to the AllReduce as timed, not as modelled: timed at 0.0600,
+  // the same step leaves -0.001 (a late rank's lag hidden in a long AllReduce).
+  EXPECT_NEAR(FitSyncOverhead(in, kNone, 1e6, 0.0600, 0.0700), -0.001, 1e-12);
   in.sync_overhead_s = 0.0044;
   EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.0700, 1e-12);
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 1), 0.0700, 1e-12);
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0546, 1e-12);  // hidden behind the AllReduce
   // Fitted from inputs that already hold a sigma: the same sigma, not the sum.
-  EXPECT_NEAR(FitSyncOverhead(in, 1e6, 0.0700), 0.0044, 1e-12);
+  EXPECT_NEAR(FitSyncOverhead(in, kNone, 1e6, 0.0546, 0.0700), 0.0044, 1e-12);
+  // A negative sigma takes from the step, never below the longer of C + U and T_AR.
+  in.sync_overhead_s = -0.0056;
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.0600, 1e-12);
+  in.sync_overhead_s = -0.02;
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.0546, 1e-12);
   // On top of the CPU bound where that bounds (CpuBoundByHand: 0.02912 at 1e12 B/s).
+  in.sync_overhead_s = 0.0044;
   in.bandwidth_Bps = 1e12;
   in.compute_cpu_share = 0.5;
   in.cpu_share = 0.5;
   in.transport_cpu_s_per_byte = 1e-9;
   in.transport_cpu_s_per_message = 1e-5;
   EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.02912 + 0.0044, 1e-12);
+  EXPECT_NEAR(FitSyncOverhead(in, kNone, 1e6, 0.0126, 0.0300), 0.0300 - 0.02912, 1e-12);
+}
+
+TEST(TimingModel, OverheadBetweenTwoAllReduceTimes) {
+  // As on the 1 Gbit/s lab: sigma -0.3 ms where the AllReduce takes 12 ms (no codec), +1 ms
+  // where it takes 1.6 ms (the fastest codec). At 3 ms, linear in 1 / T_AR:
+  // 1e-3 + (-1.3e-3) (625 - 333.33) / (625 - 83.33) = 1e-3 - 0.7e-3 = 0.3 ms.
+  TimingInputs in = Lab();
+  in.overhead_allreduce_s = 0.012;
+  in.sync_overhead_s = -0.0003;
+  in.fast_allreduce_s = 0.0016;
+  in.fast_sync_overhead_s = 0.001;
+  in.pipe_overhead_s = 0.002;
+  in.fast_pipe_overhead_s = 0.004;
+  EXPECT_NEAR(OverheadAt(in, 1, 0.003), 0.0003, 1e-15);
+  EXPECT_NEAR(OverheadAt(in, 1, 0.0016), 0.001, 1e-15);
+  EXPECT_NEAR(OverheadAt(in, 1, 0.012), -0.0003, 1e-15);
+  // Beyond the two points: the nearer one's.
+  EXPECT_NEAR(OverheadAt(in, 1, 0.001), 0.001, 1e-15);
+  EXPECT_NEAR(OverheadAt(in, 1, 0.05), -0.0003, 1e-15);
+  // Width 2 has its own pair: 0.004 - 0.002 x 0.538462 at 3 ms.
+  EXPECT_NEAR(OverheadAt(in, 2, 0.003), 0.004 - 0.002 * (625 - 1000.0 / 3) / (625 - 1000.0 / 12),
+              1e-15);
+  // The schemes take sigma at their own T_AR: Lab()'s 0.0546 is beyond 12 ms, -0.3 ms.
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.0656 - 0.0003, 1e-12);
+  // One point only (no fast time): its value everywhere.
+  in.fast_allreduce_s = 0;
+  EXPECT_NEAR(OverheadAt(in, 1, 0.003), -0.0003, 1e-15);
+  EXPECT_NEAR(OverheadAt(in, 2, 0.003), 0.002, 1e-15);
+  in.overhead_allreduce_s = 0;  // an earlier probe: no times at all
+  in.fast_allreduce_s = 0.0016;
+  EXPECT_NEAR(OverheadAt(in, 1, 0.003), -0.0003, 1e-15);
 }
 
 TEST(TimingModel, PipeOverheadAddsToWidthTwoOnly) {
   // Lab() at 1 MB chunks: width 2 0.0546 (the AllReduce bounds). A width-2 step timed at 0.0600
-  // leaves sigma_2 = 0.0054; one timed below the model leaves 0.
+  // with its AllReduce timed at 0.0546 leaves sigma_2 = 0.0054.
   TimingInputs in = Lab();
-  EXPECT_NEAR(FitPipeOverhead(in, 1e6, 0.0600), 0.0054, 1e-12);
-  EXPECT_EQ(FitPipeOverhead(in, 1e6, 0.0500), 0.0);
+  EXPECT_NEAR(FitPipeOverhead(in, kNone, 1e6, 0.0546, 0.0600), 0.0054, 1e-12);
+  EXPECT_NEAR(FitPipeOverhead(in, kNone, 1e6, 0.0546, 0.0500), -0.0046, 1e-12);
   in.pipe_overhead_s = 0.0054;
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0600, 1e-12);
   EXPECT_NEAR(PipeTime(in, kNone, 1e6, 1), 0.011 + 0.0546, 1e-12);  // width 1 has its own sigma
-  EXPECT_NEAR(FitPipeOverhead(in, 1e6, 0.0600), 0.0054, 1e-12);  // not the sum
+  EXPECT_NEAR(FitPipeOverhead(in, kNone, 1e6, 0.0546, 0.0600), 0.0054, 1e-12);  // not the sum
+  // Negative: never below max(C + U_K, T_AR).
+  in.pipe_overhead_s = -0.0046;
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.0546, 1e-12);
+  in.pipe_overhead_s = 0.0054;
   // On top of the CPU bound where that bounds (CpuBoundByHand: 0.02912 at 1e12 B/s).
   in.bandwidth_Bps = 1e12;
   in.compute_cpu_share = 0.5;

@@ -253,34 +253,64 @@ CodecCost FitCodec(const TimingInputs& in, const std::string& name, double ratio
   return fit;
 }
 
-double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
-  return std::max(in.compute_s + in.update_s + RingAllReduceTime(in, codec, chunk_bytes),
-                  CpuBoundTime(in, codec, chunk_bytes, 1)) +
-         (in.workers > 1 ? in.sync_overhead_s : 0);  // one worker waits for no AllReduce
+double OverheadAt(const TimingInputs& in, int width, double t_ar_s) {
+  const bool sync = width == 1;
+  double t1 = in.overhead_allreduce_s, t2 = in.fast_allreduce_s;
+  double s1 = sync ? in.sync_overhead_s : in.pipe_overhead_s;
+  double s2 = sync ? in.fast_sync_overhead_s : in.fast_pipe_overhead_s;
+  if (!(t1 > 0 && t2 > 0) || t1 == t2) return s1;
+  if (t1 > t2) {
+    std::swap(t1, t2);
+    std::swap(s1, s2);
+  }
+  const double t = std::clamp(t_ar_s, t1, t2);
+  return s1 + (s2 - s1) * (1 / t1 - 1 / t) / (1 / t1 - 1 / t2);
 }
 
-double FitSyncOverhead(const TimingInputs& in, double chunk_bytes, double measured_step_s) {
-  TimingInputs without = in;
-  without.sync_overhead_s = 0;
-  return std::max(0.0, measured_step_s - RingSyncTime(without, CodecCost{}, chunk_bytes));
+namespace {
+
+// Width 1 without sigma, at an AllReduce time t_ar.
+double SyncBase(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, double t_ar) {
+  return std::max(in.compute_s + in.update_s + t_ar, CpuBoundTime(in, codec, chunk_bytes, 1));
+}
+
+// Width >= 2 without sigma_2, at an AllReduce time b.
+double PipeBase(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, int width,
+                double b) {
+  PSGD_CHECK(in.overlap_compute_factor >= 1 && in.overlap_allreduce_factor >= 1);
+  const double a = in.compute_s + UpdateTime(in, width);
+  const double fc = in.overlap_compute_factor, fa = in.overlap_allreduce_factor;
+  const double overlapped = a * fc <= b * fa ? a * fc + b - a * fc / fa : b * fa + a - b * fa / fc;
+  return std::max(overlapped, CpuBoundTime(in, codec, chunk_bytes, width));
+}
+
+}  // namespace
+
+double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
+  const double t_ar = RingAllReduceTime(in, codec, chunk_bytes);
+  if (in.workers == 1) return SyncBase(in, codec, chunk_bytes, t_ar);  // it waits for no AllReduce
+  return std::max(SyncBase(in, codec, chunk_bytes, t_ar) + OverheadAt(in, 1, t_ar),
+                  std::max(in.compute_s + in.update_s, t_ar));
+}
+
+double FitSyncOverhead(const TimingInputs& in, const CodecCost& codec, double chunk_bytes,
+                       double measured_allreduce_s, double measured_step_s) {
+  return measured_step_s - SyncBase(in, codec, chunk_bytes, measured_allreduce_s);
 }
 
 double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, int width) {
   PSGD_CHECK_GE(width, 1);
   if (width == 1) return RingSyncTime(in, codec, chunk_bytes);
-  PSGD_CHECK(in.overlap_compute_factor >= 1 && in.overlap_allreduce_factor >= 1);
-  const double a = in.compute_s + UpdateTime(in, width);
   const double b = RingAllReduceTime(in, codec, chunk_bytes);
-  const double fc = in.overlap_compute_factor, fa = in.overlap_allreduce_factor;
-  const double overlapped = a * fc <= b * fa ? a * fc + b - a * fc / fa : b * fa + a - b * fa / fc;
-  return std::max(overlapped, CpuBoundTime(in, codec, chunk_bytes, width)) +
-         (in.workers > 1 ? in.pipe_overhead_s : 0);
+  const double base = PipeBase(in, codec, chunk_bytes, width, b);
+  if (in.workers == 1) return base;
+  return std::max(base + OverheadAt(in, width, b),
+                  std::max(in.compute_s + UpdateTime(in, width), b));
 }
 
-double FitPipeOverhead(const TimingInputs& in, double chunk_bytes, double measured_step_s) {
-  TimingInputs without = in;
-  without.pipe_overhead_s = 0;
-  return std::max(0.0, measured_step_s - PipeTime(without, CodecCost{}, chunk_bytes, 2));
+double FitPipeOverhead(const TimingInputs& in, const CodecCost& codec, double chunk_bytes,
+                       double measured_allreduce_s, double measured_step_s) {
+  return measured_step_s - PipeBase(in, codec, chunk_bytes, 2, measured_allreduce_s);
 }
 
 double PsSyncTime(const TimingInputs& in, const CodecCost& codec) {

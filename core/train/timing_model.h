@@ -50,16 +50,27 @@ struct TimingInputs {
   double transport_cpu_s_per_message = 0;
   // The same per byte in messages of a whole model (the PS schemes); 0: not known, the above.
   double big_message_cpu_s_per_byte = 0;
-  // sigma >= 0: what a synchronous step takes beyond C + U + T_AR (or the CPU bound): ranks
-  // that reach the AllReduce at different times (a shared core's time slices, a preempted
-  // rank), the hand-off to the communication thread, the step's bookkeeping. Width 2 hides it
-  // behind the AllReduce in flight. `pipesgd probe` times real width-1 steps (FitSyncOverhead).
+  // sigma: what a synchronous step takes beyond C + U + T_AR (or the CPU bound): ranks that
+  // reach the AllReduce at different times (a shared core's time slices, a preempted rank), the
+  // hand-off to the communication thread, the step's bookkeeping. Width 2 hides it behind the
+  // AllReduce in flight. `pipesgd probe` times real width-1 steps (FitSyncOverhead). It may be
+  // negative: where the AllReduce is long, ranks that finish computing first start it early
+  // and a late rank's lag hides in it (1 Gbit/s lab, no codec: -0.3 ms).
   double sync_overhead_s = 0;
-  // sigma_2 >= 0: the same for width 2, which the overlap formula below does not see either: the
+  // sigma_2: the same for width 2, which the overlap formula below does not see either: the
   // compute thread's wait for the aggregate two steps back, the two threads' wake-ups and
   // hand-offs on a shared core, the update's pass over the parameters while the next AllReduce
   // runs. `pipesgd probe` times real width-2 steps (FitPipeOverhead).
   double pipe_overhead_s = 0;
+  // Both depend on how long the AllReduce takes (1 Gbit/s lab, width 1: -0.3 ms at T_AR 11.8 ms,
+  // +0.4 ms at 3.0 ms, +0.8 to +1.2 ms at 1.6 ms). The two above are measured where the
+  // AllReduce takes overhead_allreduce_s (no codec); the fast_ ones where it takes
+  // fast_allreduce_s (the codec with the fastest AllReduce). OverheadAt interpolates between
+  // them; without both times, the first pair holds everywhere.
+  double overhead_allreduce_s = 0;
+  double fast_allreduce_s = 0;
+  double fast_sync_overhead_s = 0;
+  double fast_pipe_overhead_s = 0;
 };
 
 // A gradient codec as the model sees it.
@@ -154,12 +165,24 @@ struct TimedCodec {
 CodecCost FitCodec(const TimingInputs& in, const std::string& name, double ratio,
                    const std::vector<TimedCodec>& timed);
 
-// Synchronous ring SGD (pipeline width 1): C + U + T_AR, or the CPU bound if longer, + sigma.
+// sigma (width 1) or sigma_2 (width >= 2) where the AllReduce takes t_ar_s: between the two
+// measured points (overhead_allreduce_s and fast_allreduce_s), linear in 1 / T_AR; beyond them,
+// the nearer one's; one point (either time <= 0, or both equal): its value. On the 1 Gbit/s lab
+// linear in 1 / T_AR put the width-1 step at T_AR 3.0 ms within 0.1 ms of its measured sigma
+// from the points at 1.6 and 11.8 ms; linear in T_AR, 0.5 ms off.
+double OverheadAt(const TimingInputs& in, int width, double t_ar_s);
+
+// Synchronous ring SGD (pipeline width 1): C + U + T_AR, or the CPU bound if longer, + sigma at
+// that T_AR; never below max(C + U, T_AR).
 double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
 
-// sigma from a measured synchronous step (no codec, `chunk_bytes` chunks): the step less
-// RingSyncTime without sigma, never below 0.
-double FitSyncOverhead(const TimingInputs& in, double chunk_bytes, double measured_step_s);
+// sigma from a measured synchronous step with `codec` at `chunk_bytes` chunks and its AllReduce
+// measured alone (measured_allreduce_s): the step less max(C + U + that AllReduce, the CPU
+// bound). The measured AllReduce, not the model's, so that sigma holds only what the step adds
+// (at 100 Mbit/s the model's T_AR at 64 KiB chunks was 8% below the timed one, and sigma took
+// that in: 5.5 ms, added to sign1's 4.4 ms AllReduce).
+double FitSyncOverhead(const TimingInputs& in, const CodecCost& codec, double chunk_bytes,
+                       double measured_allreduce_s, double measured_step_s);
 
 // Pipe-SGD of width K: K = 1 is RingSyncTime; K >= 2: compute (a = C + U_K) and communication
 // (b = T_AR) run at once, each slowed by the other's factor while both run, the one left after
@@ -167,12 +190,14 @@ double FitSyncOverhead(const TimingInputs& in, double chunk_bytes, double measur
 //   a f_c <= b f_a:  a f_c + b - a f_c / f_a       (the AllReduce ends last)
 //   otherwise:       b f_a + a - b f_a / f_c
 // Factors of 1 give max(a, b) (full overlap); factors of 2 give a + b (one core, shared fairly).
-// The CPU bound if longer; then + sigma_2 (one worker: none, it waits for no AllReduce).
+// The CPU bound if longer; then + sigma_2 at that T_AR (one worker: none, it waits for no
+// AllReduce); never below max(a, b).
 double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes, int width);
 
-// sigma_2 from a measured width-2 step (no codec, `chunk_bytes` chunks): the step less PipeTime
-// without sigma_2, never below 0.
-double FitPipeOverhead(const TimingInputs& in, double chunk_bytes, double measured_step_s);
+// sigma_2 from a measured width-2 step, as FitSyncOverhead: the step less PipeTime's overlap
+// (or CPU bound) with b = the measured AllReduce.
+double FitPipeOverhead(const TimingInputs& in, const CodecCost& codec, double chunk_bytes,
+                       double measured_allreduce_s, double measured_step_s);
 
 // Synchronous parameter server, one dedicated server, W workers (papers.md 1.5, first row):
 //   T = C + 2 alpha + 2 W M / (r B)              W gradients in, W models out, one server link
