@@ -5,15 +5,19 @@
 #   bench/model_check.sh RATE         the 4-node lab (root): 100mbit, 1gbit, or none (unshaped),
 #                                     every node at CPU_SHARE of a core
 #
-# `pipesgd probe` on the ranks the jobs will use, `pipesgd model --probe`, then every ring row of
-# the model for the codecs in CODECS run as a job at the row's width, codec and chunk size, REPS
-# times in turn; on loopback the PS rows too (4 workers and the server: 5 processes, one more
-# than the probe measured; the lab has 4 nodes, so there it runs the ring rows only). Each row's
-# error is against the median of its runs. Then the confirmation: the model's best row and the
-# TOP fastest measured, CONFIRM times each in turn; the model's best against the measured best
-# compares medians of those runs. Time per iteration = (train_wall_s - eval_s) / steps from
-# summary.json. Raw lines (with their stage, rows or confirm) go to
-# docs/results/model_check/WHERE.jsonl.
+# REPS rounds, each: `pipesgd probe` on the ranks the jobs will use, `pipesgd model --probe`, then
+# every ring row of that model for the codecs in CODECS run once as a job at the row's width,
+# codec and chunk size; on loopback the PS rows too (4 workers and the server: 5 processes, one
+# more than the probe measured; the lab has 4 nodes, so there it runs the ring rows only). A
+# probe before each round, as a user probes before a job: this machine's speed drifts by 10-20%
+# over minutes (a probe and the jobs after it agree; the same job a few minutes later does not),
+# and one probe for every round charged that drift to the model. A row's error is the median
+# over the rounds of its prediction against its run. Then the confirmation: the model's best row
+# (the one most rounds chose) and the TOP fastest measured, CONFIRM times each in turn; the
+# model's best against the measured best compares medians of those runs. Time per iteration =
+# (train_wall_s - eval_s) / steps from summary.json. Raw lines (with their stage, rows or
+# confirm, and round) go to docs/results/model_check/WHERE.jsonl; WHERE.txt keeps the first
+# round's model and the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHERE="${1:?usage: bench/model_check.sh loopback|100mbit|1gbit|none}"
@@ -66,19 +70,6 @@ else
   }
 fi
 
-run_probe "$tmp/probe.json"
-"$BIN" model --probe "$tmp/probe.json" --json "$tmp/model.json" | tee "$tmp/model.txt"
-python3 - "$tmp/model.json" "$CODECS" "$WHERE" > "$tmp/rows" <<'PY'
-import json, sys
-codecs = sys.argv[2].split()
-for r in json.load(open(sys.argv[1]))["rows"]:
-    if r["chunk_bytes"] == 0 and sys.argv[3] == "loopback":
-        print(r["scheme"], r["codec"], 0, 0, r["iteration_s"])
-    if r["chunk_bytes"] > 0 and r["codec"] in codecs:
-        width = 1 if r["scheme"] == "ring_sync" else 2
-        print(r["scheme"], r["codec"], int(r["chunk_bytes"]), width, r["iteration_s"])
-PY
-
 run_row() {  # run_row SCHEME CODEC CHUNK WIDTH PREDICTED REP STAGE: one run, appended to $OUT.tmp
   local scheme=$1 codec=$2 chunk=$3 width=$4 predicted=$5 rep=$6 stage=$7
   local name="$scheme-$codec-$chunk.$rep"
@@ -100,28 +91,48 @@ PY
 }
 
 : > "$OUT.tmp"
+: > "$tmp/bests"
 for rep in $(seq 1 "$REPS"); do
+  run_probe "$tmp/probe.json"
+  "$BIN" model --probe "$tmp/probe.json" --json "$tmp/model.json" > "$tmp/model.$rep.txt"
+  if [[ $rep == 1 ]]; then cat "$tmp/model.1.txt"; else grep '^best:' "$tmp/model.$rep.txt"; fi
+  python3 - "$tmp/model.json" "$CODECS" "$WHERE" > "$tmp/rows" 2>> "$tmp/bests" <<'PY'
+import json, sys
+codecs = sys.argv[2].split()
+model = json.load(open(sys.argv[1]))
+for r in model["rows"]:
+    if r["chunk_bytes"] == 0 and sys.argv[3] == "loopback":
+        print(r["scheme"], r["codec"], 0, 0, r["iteration_s"])
+    if r["chunk_bytes"] > 0 and r["codec"] in codecs:
+        width = 1 if r["scheme"] == "ring_sync" else 2
+        print(r["scheme"], r["codec"], int(r["chunk_bytes"]), width, r["iteration_s"])
+b = model["best"]
+print(b["scheme"], b["codec"], int(b["chunk_bytes"]), file=sys.stderr)
+PY
+  cp "$tmp/rows" "$tmp/rows.last"
   while read -r scheme codec chunk width predicted; do
     run_row "$scheme" "$codec" "$chunk" "$width" "$predicted" "$rep" rows
   done < "$tmp/rows"
 done
-# The confirmation: the model's best row and the TOP fastest rows measured (by their median),
-# CONFIRM times each in turn. The fastest of many noisy rows is biased low (its runs were, as
-# likely as not, lucky ones), so "the model's best against the measured best" compares medians
-# of these runs, taken side by side.
-python3 - "$OUT.tmp" "$tmp/model.json" "$tmp/rows" "$TOP" > "$tmp/confirm" <<'PY'
-import json, statistics, sys
+# The confirmation: the model's best row (the one most rounds' models chose, at the chunk size
+# the last of them gave it) and the TOP fastest rows measured (by their median), CONFIRM times
+# each in turn, at the last round's chunk sizes and predictions. The fastest of many noisy rows
+# is biased low (its runs were, as likely as not, lucky ones), so "the model's best against the
+# measured best" compares medians of these runs, taken side by side.
+python3 - "$OUT.tmp" "$tmp/bests" "$tmp/rows.last" "$TOP" > "$tmp/confirm" <<'PY'
+import collections, json, statistics, sys
 by = {}
 for r in map(json.loads, open(sys.argv[1])):
-    by.setdefault((r["scheme"], r["codec"], r["chunk_bytes"]), []).append(r["s_per_step"])
-b = json.load(open(sys.argv[2]))["best"]
+    by.setdefault((r["scheme"], r["codec"]), []).append(r["s_per_step"])
+bests = [tuple(l.split()[:2]) for l in open(sys.argv[2]) if l.strip()]
+count = collections.Counter(bests)
+model_best = max(count, key=lambda k: (count[k], max(i for i, b in enumerate(bests) if b == k)))
 keys = sorted(by, key=lambda k: statistics.median(by[k]))[:int(sys.argv[4])]
-model_best = (b["scheme"], b["codec"], int(b["chunk_bytes"]))
-if model_best in by and model_best not in keys:
+if model_best not in keys:
     keys.append(model_best)
 for line in open(sys.argv[3]):
     f = line.split()
-    if (f[0], f[1], int(f[2])) in keys:
+    if (f[0], f[1]) in keys:
         print(line.strip())
 PY
 for rep in $(seq 1 "$CONFIRM"); do
@@ -131,41 +142,47 @@ for rep in $(seq 1 "$CONFIRM"); do
 done
 mv "$OUT.tmp" "$OUT"
 
-python3 - "$OUT" "$tmp/model.json" <<'PY'
-import json, statistics, sys
+python3 - "$OUT" "$tmp/bests" > "$tmp/table" <<'PY'
+import collections, json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-best_model = json.load(open(sys.argv[2]))["best"]
+bests = [tuple(l.split()[:2]) for l in open(sys.argv[2]) if l.strip()]
+count = collections.Counter(bests)
+key = max(count, key=lambda k: (count[k], max(i for i, b in enumerate(bests) if b == k)))
 by, conf = {}, {}
 for r in rows:
-    key = (r["scheme"], r["codec"], r["chunk_bytes"])
-    by.setdefault(key, []).append(r)
-    if r["stage"] == "confirm":
-        conf.setdefault(key, []).append(r["s_per_step"])
-print(f"# {rows[0]['where']}: ms per iteration; each row's error against the median of all its "
-      f"runs")
-print(f"# {'row':28s} {'model':>8s} {'runs':>4s} {'median':>8s} {'min-max':>15s} {'error':>7s}")
-worst = 0.0
-for key, rs in by.items():
-    t = [r["s_per_step"] for r in rs]
-    m = statistics.median(t)
-    p = rs[0]["predicted_s"]
-    worst = max(worst, abs(p / m - 1))
-    spread = f"{min(t)*1e3:.3f}-{max(t)*1e3:.3f}"
-    print(f"  {' '.join(map(str, key)):28s} {p*1e3:8.3f} {len(t):4d} {m*1e3:8.3f} {spread:>15s} "
-          f"{100*(p/m-1):+6.1f}%")
-print(f"worst error: {100*worst:.1f}%")
-key = (best_model["scheme"], best_model["codec"], int(best_model["chunk_bytes"]))
+    k = (r["scheme"], r["codec"])
+    if r["stage"] == "rows":
+        by.setdefault(k, []).append(r)
+    else:
+        conf.setdefault(k, []).append(r["s_per_step"])
+print(f"# {rows[0]['where']}: ms per iteration; each row's error: the median over the rounds of "
+      f"its prediction (that round's probe) against its run")
+print(f"# {'row':24s} {'chunks':>15s} {'model':>15s} {'measured':>15s} {'median error':>12s}")
+worst, within = 0.0, 0
+for k, rs in by.items():
+    err = statistics.median(r["predicted_s"] / r["s_per_step"] - 1 for r in rs)
+    worst = max(worst, abs(err))
+    within += abs(err) <= 0.15
+    chunks = sorted({r["chunk_bytes"] for r in rs})
+    span = lambda v: f"{min(v)*1e3:.3f}-{max(v)*1e3:.3f}"
+    print(f"  {' '.join(k):24s} {'/'.join(map(str, chunks)):>15s} "
+          f"{span([r['predicted_s'] for r in rs]):>15s} {span([r['s_per_step'] for r in rs]):>15s} "
+          f"{100*err:+11.1f}%")
+print(f"worst error: {100*worst:.1f}%; within 15%: {within} of {len(by)}")
+print(f"# the models' best, by round: {', '.join(' '.join(b) for b in bests)}")
 if conf:
     med = {k: statistics.median(v) for k, v in conf.items()}
     n = min(len(v) for v in conf.values())
     print(f"# confirmation, {n} runs of each in turn (median):")
     for k in sorted(med, key=med.get):
-        print(f"  {' '.join(map(str, k)):28s} {med[k]*1e3:8.3f}")
+        print(f"  {' '.join(k):24s} {med[k]*1e3:8.3f}")
     measured_best = min(med, key=med.get)
-    print(f"measured best: {' '.join(map(str, measured_best))} {med[measured_best]*1e3:.3f} ms")
+    print(f"measured best: {' '.join(measured_best)} {med[measured_best]*1e3:.3f} ms")
     if key in med:
-        print(f"model's best: {' '.join(map(str, key))}, measured {med[key]*1e3:.3f} ms: "
+        print(f"model's best: {' '.join(key)}, measured {med[key]*1e3:.3f} ms: "
               f"{med[key]/med[measured_best]:.3f}x the measured best")
 if key not in by:
-    print(f"model's best: {' '.join(map(str, key))} (a codec not run here)")
+    print(f"model's best: {' '.join(key)} (a codec not run here)")
 PY
+cat "$tmp/model.1.txt" "$tmp/table" > "docs/results/model_check/$WHERE.txt"
+cat "$tmp/table"
