@@ -295,6 +295,13 @@ TEST(TimingModel, FitCodecFromItsAllReduce) {
   // Less CPU than the transport alone takes (0.001 s against 0.00156): -rho's CPU, 0.5 ns/B.
   fit = FitCodec(shared, "q8", 4, {{1e6, 0.03666, 0.001}});
   EXPECT_NEAR(*fit.cpu_s_per_byte, -0.5e-9, 1e-15);
+  // At the floor, exactly -rho: a rho whose -rho x 1e9 x 1e-9 rounds below it (the search runs
+  // in ns/B) gave a kappa that `pipesgd model` then refused as below -reduce_s_per_byte.
+  TimingInputs odd = in;
+  odd.reduce_s_per_byte = 3.0672136320582264e-10;
+  fit = FitCodec(odd, "trunc16", 2, {{1e6, 0.001, 0.001}});
+  EXPECT_GE(fit.s_per_byte, -odd.reduce_s_per_byte);
+  EXPECT_EQ(fit.s_per_byte, -odd.reduce_s_per_byte);
   // One worker, or nothing timed: nothing to fit.
   TimingInputs one = in;
   one.workers = 1;

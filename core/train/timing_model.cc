@@ -203,11 +203,11 @@ CodecCost FitCodec(const TimingInputs& in, const std::string& name, double ratio
   // (the CPU term and the fill do; nothing falls). In ns/B, so that Crossing's 1e-12 is far
   // below any kappa.
   const auto kappa_at = [&](const TimedCodec& t, double per_chunk) {
-    return 1e-9 * Crossing(
-                      [&](double ns) {
-                        return RingAllReduceTime(in, with(ns * 1e-9, per_chunk), t.chunk_bytes);
-                      },
-                      -in.reduce_s_per_byte * 1e9, 1000, t.seconds);
+    const double ns = Crossing(
+        [&](double k) { return RingAllReduceTime(in, with(k * 1e-9, per_chunk), t.chunk_bytes); },
+        -in.reduce_s_per_byte * 1e9, 1000, t.seconds);
+    // Back from ns/B, -rho x 1e9 x 1e-9 can round below -rho.
+    return std::max(-in.reduce_s_per_byte, ns * 1e-9);
   };
   // Its CPU: what each AllReduce took beyond the ring's without the codec's costs; linear in
   // kappa_cpu and o_c,cpu.
