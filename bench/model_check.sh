@@ -17,7 +17,7 @@
 # model's best against the measured best compares medians of those runs. Time per iteration =
 # (train_wall_s - eval_s) / steps from summary.json. Raw lines (with their stage, rows or
 # confirm, and round) go to docs/results/model_check/WHERE.jsonl; WHERE.txt keeps the first
-# round's model and the table.
+# round's model, the inputs and best of the others, and the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHERE="${1:?usage: bench/model_check.sh loopback|100mbit|1gbit|none}"
@@ -184,5 +184,12 @@ if conf:
 if key not in by:
     print(f"model's best: {' '.join(key)} (a codec not run here)")
 PY
-cat "$tmp/model.1.txt" "$tmp/table" > "docs/results/model_check/$WHERE.txt"
+{
+  cat "$tmp/model.1.txt"
+  for rep in $(seq 2 "$REPS"); do
+    echo "# round $rep's probe:"
+    grep -E '^# (pipesgd model|sigma and)|^best' "$tmp/model.$rep.txt"
+  done
+  cat "$tmp/table"
+} > "docs/results/model_check/$WHERE.txt"
 cat "$tmp/table"
