@@ -169,7 +169,7 @@ CodecCost FitCodec(const TimingInputs& in, const std::string& name, double ratio
 // measured points (overhead_allreduce_s and fast_allreduce_s), linear in 1 / T_AR; beyond them,
 // the nearer one's; one point (either time <= 0, or both equal): its value. On the 1 Gbit/s lab
 // linear in 1 / T_AR put the width-1 step at T_AR 3.0 ms within 0.1 ms of its measured sigma
-// from the points at 1.6 and 11.8 ms; linear in T_AR, 0.5 ms off.
+// from the points at 1.6 and 11.8 ms; linear in T_AR, 0.4 ms off.
 double OverheadAt(const TimingInputs& in, int width, double t_ar_s);
 
 // Synchronous ring SGD (pipeline width 1): C + U + T_AR, or the CPU bound if longer, + sigma at
