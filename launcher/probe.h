@@ -1,0 +1,84 @@
+// `pipesgd probe`'s internals, shared by what each rank measures with its ring neighbours
+// (probe_ring.cc) and what rank 0 makes of every rank's numbers (timing.cc): the per-rank
+// fields, one vector of doubles per rank, gathered at rank 0 in one pass around the ring.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/job/config.h"
+#include "core/job/worker.h"
+#include "core/train/classifier_task.h"
+
+namespace pipesgd::launcher::probe {
+
+// Fields 0-9: latency, bandwidth (the link alone), overhead, compute, update, reduce, ring
+// bandwidth, and the job's own AllReduce of the model at kSmallChunk, kMidChunk and kLargeChunk;
+// then the compute and the kLargeChunk AllReduce while both run at once (kOverlapCompute,
+// kOverlapAllReduce), the process's CPU time per second while computing (kComputeCpuShare) and
+// while both run (kCpuShare), and per AllReduce at each timed chunk size (kCpuAllReduce + i), the
+// pipelined update U_K, real width-1 and width-2 steps (sigma, sigma_2), the CPU per byte of
+// whole-model messages, and the codecs' AllReduces and steps below.
+inline constexpr int kOverlapCompute = 10;
+inline constexpr int kOverlapAllReduce = 11;
+inline constexpr int kComputeCpuShare = 12;
+inline constexpr int kCpuShare = 13;
+inline constexpr int kCpuAllReduce = 14;  // .. 16
+inline constexpr int kOverlapComputeCpu = 17;
+inline constexpr int kOverlapAllReduceCpu = 18;
+inline constexpr int kPipelinedUpdate = 19;
+inline constexpr int kSyncStep = 20;
+inline constexpr int kExchangeCpu = 21;
+inline constexpr int kPipeStep = 22;
+// The job's AllReduce with each codec of kProbeCodecs at kMidChunk and kLargeChunk: its wall
+// time and CPU time (CodecField).
+inline constexpr const char* kProbeCodecs[] = {"trunc16", "fp16", "q8", "q4", "sign1"};
+inline constexpr int kNumProbeCodecs = 5;
+inline constexpr int kCodecAllReduce = 23;
+// The codec whose AllReduce at kMidChunk is fastest (an index into kProbeCodecs, the same on
+// every rank), and real width-1 and width-2 steps with it: sigma where the AllReduce is short.
+inline constexpr int kFastCodec = kCodecAllReduce + 4 * kNumProbeCodecs;
+inline constexpr int kFastSyncStep = kFastCodec + 1;
+inline constexpr int kFastPipeStep = kFastCodec + 2;
+inline constexpr int kFields = kFastCodec + 3;
+constexpr int CodecField(int codec, bool large, bool cpu) {
+  return kCodecAllReduce + 4 * codec + 2 * static_cast<int>(large) + static_cast<int>(cpu);
+}
+// About how long the overlapped AllReduces run (seconds), in calls every rank agrees on.
+inline constexpr double kOverlapBudgetS = 0.5;
+// Real steps of each width without a codec and with the fast one, in kStepRounds rounds of the
+// four in turn, each about kSyncBudgetS / kStepRounds: the median round of each counts (one
+// round of 0.4 s per width read sigma 0.63 and 1.64 ms in two probes minutes apart on the
+// unshaped lab).
+inline constexpr double kSyncBudgetS = 0.4;
+inline constexpr int kStepRounds = 3;
+// The ring's per-chunk cost shows only in a real AllReduce with many chunks (a wake-up, a header,
+// a reduction call per chunk): 4 KiB, the smallest chunk `pipesgd model` considers; the link's
+// rate with one chunk per block (16 MiB: the largest); how much the two overlap in between.
+inline constexpr uint64_t kSmallChunk = 4096;
+inline constexpr uint64_t kMidChunk = 64u << 10;
+inline constexpr uint64_t kLargeChunk = 16u << 20;
+inline constexpr uint64_t kTimedChunks[] = {kSmallChunk, kMidChunk, kLargeChunk};
+inline constexpr int kAllReduceReps = 10;
+
+// What the ring measurements need of the probe: the job, this rank's place, the model and its
+// compute and update times (the step counts are estimated from them).
+struct RingProbe {
+  const job::JobEnv& env;
+  const config::Job& job;
+  int pings;
+  train::ClassifierTask& task;
+  std::span<const float> params;
+  double compute_s;
+  double update_s;
+};
+
+// Connects to the ring neighbours and measures, every rank at once: each link in turn, every
+// link busy, the job's AllReduce at kTimedChunks without a codec and at kMidChunk and
+// kLargeChunk with each codec, compute and AllReduce at once, and real width-1 and width-2
+// steps without a codec and with the fastest one. Fills `mine` and returns every rank's fields
+// (kFields per rank, rank order) at rank 0; at other ranks only the ranks before it are filled.
+std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine);
+
+}  // namespace pipesgd::launcher::probe
