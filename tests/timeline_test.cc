@@ -248,12 +248,17 @@ TEST_P(TimelineTraining, SpansPerStepAndChunk) {
         }
       }
     }
-    // The AllReduce of step t against the forward/backward of step t+1.
+    // The AllReduce of step t against the forward/backward of step t+1: width 2 starts step
+    // t+1's compute before step t's AllReduce has ended; width 1 never does (its span ends
+    // before the compute thread is woken). Not "the two spans overlap": on a loaded machine the
+    // communication thread may start step t's AllReduce only after step t+1's forward and
+    // backward (asserting the overlap failed 1 of 30 repeats beside another ctest run; this
+    // passed 40 of 40 the same way).
     for (const auto& ar : spans) {
       if (ar.name != "allreduce") continue;
       for (const auto& c : spans) {
         if ((c.name == "forward" || c.name == "backward") && c.step == ar.step + 1 &&
-            c.begin < ar.end && ar.begin < c.end) {
+            c.begin < ar.end) {
           overlap_seen = true;
         }
       }
