@@ -189,9 +189,11 @@ CodecCost FitCodec(const TimingInputs& in, const std::string& name, double ratio
     PSGD_CHECK(t.chunk_bytes > 0);
     return std::ceil(block / t.chunk_bytes);
   };
-  const auto [few, many] = std::minmax_element(
+  // Not a structured binding: clang 14 (the fuzz build) cannot capture one in a lambda.
+  const auto few_many = std::minmax_element(
       timed.begin(), timed.end(),
       [&](const TimedCodec& a, const TimedCodec& b) { return chunks(a) < chunks(b); });
+  const auto few = few_many.first, many = few_many.second;
   const double m_few = chunks(*few), m_many = chunks(*many);
   const auto with = [&](double kappa, double per_chunk) {
     CodecCost c = fit;
