@@ -62,6 +62,15 @@ class NoOptimizer : public train::Optimizer {
 // Runs the scenario on one rank; returns "<seconds from the kill window to the error>|<error>".
 std::string RunScenario(const RankContext& ctx, When when, int victim) {
   auto comm = testing::ConnectRing(ctx, 1 << 20);
+  // 64 MiB for kMidAllReduce: long enough on loopback that the kill lands inside it. Filled, and
+  // every rank past its fill, before the clock starts: under TSan, 4 ranks on 2 cores took 9 s
+  // to fill it, which the clock counted (18 s in a loaded CI run, against the 12 s bound).
+  std::vector<float> big;
+  if (when == When::kMidAllReduce) {
+    big.assign(1 << 24, 1.0f);
+    std::vector<float> one(1, 1.0f);
+    comm->AllReduce(one, ReduceOp::kSum, Deadline::After(kTimeoutS));
+  }
   const auto start = std::chrono::steady_clock::now();
   try {
     switch (when) {
@@ -72,8 +81,6 @@ std::string RunScenario(const RankContext& ctx, When when, int victim) {
         break;
       }
       case When::kMidAllReduce: {
-        // 64 MiB: long enough on loopback that the kill lands inside it.
-        std::vector<float> data(1 << 24, 1.0f);
         std::thread killer;
         if (ctx.rank == victim) {
           killer = std::thread([] {
@@ -81,7 +88,7 @@ std::string RunScenario(const RankContext& ctx, When when, int victim) {
             raise(SIGKILL);
           });
         }
-        for (int i = 0; i < 20; ++i) comm->AllReduce(data, ReduceOp::kSum, Deadline::After(kTimeoutS));
+        for (int i = 0; i < 20; ++i) comm->AllReduce(big, ReduceOp::kSum, Deadline::After(kTimeoutS));
         if (killer.joinable()) killer.join();
         break;
       }
