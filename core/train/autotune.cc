@@ -123,7 +123,7 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
     // Nothing to reduce, nothing to overlap: a width-2 trial would only add staleness.
     result.chunk_bytes = PreferredOrFirst(request.chunk_bytes, request.preferred_chunk_bytes);
     result.streams = 1;
-    result.width = PreferredOrFirst(request.widths, request.preferred_width);
+    result.width = PreferredOrFirst(request.widths, 1);
     comm.Retune(result.chunk_bytes, result.streams);
     result.seconds = SecondsSince(start);
     return result;
