@@ -15,6 +15,22 @@ scripts/lab up 4
 scripts/lab shape "$RATE"
 master=$(scripts/lab addr 0)
 tmp=$(mktemp -d)
+# TCP congestion control inside the nodes: the host's default unless TCP_CC names one (each
+# namespace has its own setting; a kernel whose default is bbr gives the lab bbr, while Debian's
+# is cubic). Printed, as it changes what a shaped link delivers. A namespace may only take what
+# the host's net.ipv4.tcp_allowed_congestion_control lists (a host-wide setting: not changed here).
+if [[ -n "${TCP_CC:-}" ]]; then
+  allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
+  if [[ " $allowed " != *" $TCP_CC "* ]]; then
+    echo "TCP_CC=$TCP_CC: the host allows only '$allowed' in a namespace;" \
+      "add it with: sysctl -w net.ipv4.tcp_allowed_congestion_control='$allowed $TCP_CC'" >&2
+    exit 2
+  fi
+  for i in 0 1 2 3; do
+    scripts/lab exec "$i" sysctl -qw "net.ipv4.tcp_congestion_control=$TCP_CC"
+  done
+fi
+echo "tcp congestion control in the nodes: $(scripts/lab exec 0 sysctl -n net.ipv4.tcp_congestion_control)"
 
 # Link goodput, one TCP flow, measured inside the lab (never from the root namespace).
 scripts/lab exec 0 iperf3 -s -1 -B "$master" > /dev/null 2>&1 &

@@ -137,6 +137,12 @@ class Connection {
   // before it). Non-blocking. A peer that closes before all bytes arrive fails the op with
   // Error(kUnavailable) naming the peer and the bytes received.
   virtual void PostRecv(Op& op) = 0;
+
+  // Starts the connection's congestion control afresh, as on a new connection, while no op is
+  // in flight; returns the algorithm restarted, or "" where there is none or it was left alone.
+  // TCP: tcp/congestion.h (why: a tuning's traffic leaves each connection in a phase of its
+  // own). Others: nothing.
+  virtual std::string RestartCongestionControl() { return {}; }
 };
 
 class Transport {

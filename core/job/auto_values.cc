@@ -115,6 +115,7 @@ RingSettings ResolveRingSettings(const config::Job& job, collective::Communicato
     s.report["compute_s"] = r.compute_s;
     s.report["allreduce"] = allreduce;
     s.report["widths"] = widths;
+    s.report["congestion_restarted"] = r.congestion_restarted;
     if (lead) {
       if (!r.allreduce.empty()) {
         PSGD_LOG_INFO("auto: comm.chunk_bytes = {}, comm.streams = {}: the gradient's AllReduce "
@@ -144,7 +145,12 @@ RingSettings ResolveRingSettings(const config::Job& job, collective::Communicato
                       s.pipeline_width, fmt::join(steps, ", "), r.compute_s * 1e3,
                       chosen_ar * 1e3);
       }
-      PSGD_LOG_INFO("auto: tuned in {:.2f} s", r.seconds);
+      PSGD_LOG_INFO("auto: tuned in {:.2f} s{}", r.seconds,
+                    r.congestion_restarted.empty()
+                        ? ""
+                        : fmt::format("; TCP congestion control ({}) restarted on the job's "
+                                      "connections",
+                                      r.congestion_restarted));
     }
   }
   if (lead && from_checkpoint) {

@@ -267,6 +267,16 @@ AutoTuneResult AutoTune(collective::Communicator& comm, Objective& objective,
     result.width = request.widths[w];
   }
   comm.Retune(result.chunk_bytes, result.streams);
+  // The tuning's traffic left each connection's congestion control in a state of its own (under
+  // BBR, a ProbeRTT phase per connection, which stalls the ring once per connection per 10 s):
+  // the job starts them afresh and together, as a job without tuning does. Every rank left the
+  // last AllReduce above within about one round trip of the others.
+  for (const auto* side : {&comm.left_connections(), &comm.right_connections()}) {
+    for (transport::Connection* c : *side) {
+      const std::string restarted = c->RestartCongestionControl();
+      if (!restarted.empty()) result.congestion_restarted = restarted;
+    }
+  }
   result.seconds = SecondsSince(start);
   return result;
 }

@@ -96,6 +96,9 @@ struct AutoTuneResult {
   std::vector<CodecTiming> codecs;         // request.compare_codecs, in order
   double compute_s = 0;  // forward + backward of one batch, the slowest rank's (0: not measured)
   double seconds = 0;    // the whole tuning on this rank
+  // The congestion control restarted on the job ring's connections after the tuning (TCP:
+  // "bbr", "cubic"; "" where none was: another transport, one rank, or not allowed).
+  std::string congestion_restarted;
 };
 
 // Measures, decides on rank 0, agrees, and Retunes `comm` to the chosen chunk size and streams.

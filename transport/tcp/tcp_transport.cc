@@ -11,6 +11,7 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "transport/message_io.h"
+#include "transport/tcp/congestion.h"
 #include "transport/op_queue.h"
 #include "transport/wire.pb.h"
 
@@ -98,6 +99,10 @@ class TcpConnection final : public Connection {
   int peer_rank() const override { return peer_rank_; }
   void PostSend(Op& op) override;
   void PostRecv(Op& op) override;
+  std::string RestartCongestionControl() override {
+    if (failed_ || !socket_.is_open()) return {};
+    return transport::RestartCongestionControl(socket_.native_handle());
+  }
 
   // Fails every pending and future op with `error` and closes the socket.
   void Fail(std::exception_ptr error);
