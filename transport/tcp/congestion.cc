@@ -46,7 +46,9 @@ std::string RestartCongestionControl(int fd, std::string* why) {
     return fail(std::string("getsockopt(TCP_CONGESTION): ") + std::strerror(errno));
   }
   const std::string current(buf, strnlen(buf, len));
-  if (current.empty() || current == "reno") return fail("algorithm '" + current + "': no state to restart");
+  if (current.empty() || current == "reno") {
+    return fail("algorithm '" + current + "': no state to restart");
+  }
   const std::string allowed = ReadProc("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
   const std::string fallback = ReadProc("/proc/sys/net/ipv4/tcp_congestion_control");
   if (current != fallback && !ListHas(allowed, current)) {

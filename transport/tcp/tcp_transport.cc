@@ -11,8 +11,8 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #include "transport/message_io.h"
-#include "transport/tcp/congestion.h"
 #include "transport/op_queue.h"
+#include "transport/tcp/congestion.h"
 #include "transport/wire.pb.h"
 
 namespace pipesgd::transport::tcp {
