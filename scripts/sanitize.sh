@@ -14,8 +14,20 @@ export OPENBLAS_NUM_THREADS=1
 # One OpenMP thread for oneDNN, as `pipesgd run` starts ranks: libgomp is not instrumented, so
 # TSan cannot see its barriers and would report its team's hand-offs as races.
 export OMP_NUM_THREADS=1
+# clang for both builds, CI's longest steps: measured on 2 cores, the ASan+UBSan build in 527 s
+# and its tests in 328 s (gcc's: ~940 s and 438 s in CI's log), the TSan build in 167 s and its
+# tests in 271 s (gcc's: ~265 s and 399 s). test.sh's Release build is gcc's, so every file also
+# compiles with both compilers. clang's ASan also sees a use after scope that gcc's missed.
+command -v clang++ >/dev/null || { echo "sanitize: needs clang (apt-get install clang)" >&2; exit 1; }
+clang=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+fresh_if_gcc() {  # a build directory configured by gcc before this script used clang
+  if [[ -f $1/CMakeCache.txt ]] && ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++' "$1/CMakeCache.txt"; then
+    rm -rf "$1"
+  fi
+}
 if [[ "$WHICH" == asan || "$WHICH" == all ]]; then
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  fresh_if_gcc build-asan
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${clang[@]}" \
     -DPIPESGD_SANITIZE=address,undefined -DPIPESGD_BUILD_BENCH=OFF "${opt[@]}" >/dev/null
   cmake --build build-asan --parallel "$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -26,7 +38,8 @@ if [[ "$WHICH" == asan || "$WHICH" == all ]]; then
   # rendezvous under ASan are failure_relay_test and rendezvous_test).
 fi
 if [[ "$WHICH" == tsan || "$WHICH" == all ]]; then
-  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  fresh_if_gcc build-tsan
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${clang[@]}" \
     -DPIPESGD_SANITIZE=thread "${opt[@]}" >/dev/null
   # UCX patches mmap/munmap/madvise in every loaded library's relocation table when it is
   # loaded; under TSan's interceptors that crashes any process linking libucx (SIGSEGV, e.g. in

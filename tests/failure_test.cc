@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -112,7 +113,8 @@ std::string RunScenario(const RankContext& ctx, When when, int victim) {
 class PeerFailure : public ::testing::TestWithParam<std::tuple<When, int>> {};
 
 TEST_P(PeerFailure, EveryOtherRankFailsInTimeNamingTheKilledRank) {
-  const auto [when, victim] = GetParam();
+  const When when = std::get<0>(GetParam());
+  const int victim = std::get<1>(GetParam());
   auto results = RunRanks(4, [&](const RankContext& ctx) { return RunScenario(ctx, when, victim); },
                           60);
   EXPECT_EQ(results[victim].exit_code, 128 + SIGKILL) << results[victim].output;

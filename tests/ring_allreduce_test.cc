@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include "core/base/error.h"
 #include "core/collective/ring_allreduce.h"
@@ -92,7 +93,8 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, RingAllReduceWorldSize, ::testing::Range(1,
 class RingMatrix : public ::testing::TestWithParam<std::tuple<int, uint64_t>> {};
 
 TEST_P(RingMatrix, ExactOnUnalignedBuffers) {
-  const auto [world, chunk_bytes] = GetParam();
+  const int world = std::get<0>(GetParam());
+  const uint64_t chunk_bytes = std::get<1>(GetParam());
   std::vector<uint64_t> counts = {0, 1, 2, 3, 5, 7, 13, 1023, 4097};
   if (chunk_bytes >= 4096) counts.push_back((1 << 20) + 3);
   auto results = RunRanks(world, [&](const RankContext& ctx) {
@@ -125,7 +127,7 @@ INSTANTIATE_TEST_SUITE_P(
 class RingStreams : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(RingStreams, ExactWithSeveralConnectionsPerNeighbour) {
-  const auto [world, streams] = GetParam();
+  const int world = std::get<0>(GetParam()), streams = std::get<1>(GetParam());
   auto results = RunRanks(world, [&](const RankContext& ctx) {
     auto comm = Connect(ctx, 4096, streams);
     for (int repeat = 0; repeat < 3; ++repeat) {

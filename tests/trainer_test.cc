@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "core/base/error.h"
 #include "core/data/dataset.h"
@@ -67,7 +68,7 @@ std::string RunQuadratic(const RankContext& ctx, int k, float lr, int steps) {
 class StaleRecurrence : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(StaleRecurrence, MatchesToTheLastBit) {
-  const auto [world, k] = GetParam();
+  const int world = std::get<0>(GetParam()), k = std::get<1>(GetParam());
   const int steps = 50;
   const float lr = 0.5f;
   auto results = RunRanks(world, [&](const RankContext& ctx) { return RunQuadratic(ctx, k, lr, steps); });

@@ -48,8 +48,9 @@
 namespace pipesgd::transport {
 
 // One posted send or receive. The caller owns it and the memory its parts point to, and must keep
-// both alive and untouched until the op completes (Wait returned or done() is true). An Op can be
-// reposted after it completes; reposting needs no allocation.
+// both alive and untouched until the op completes (Wait returned, or `done` is true); a Wait that
+// threw (deadline, abort) leaves the op posted until the transport's Close() fails it. An Op can
+// be reposted after it completes; reposting needs no allocation.
 struct Op {
   static constexpr int kMaxParts = 2;  // header + payload is all the ring needs
 
