@@ -53,7 +53,7 @@ source bench/lab_common.sh
 run_ranks() {  # run_ranks NAME CMD...: one rank per node, rank i on node i
   local name="$1"; shift
   for i in 0 1 2 3; do
-    RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=29500 OPENBLAS_NUM_THREADS=1 \
+    RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=29500 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
       GLOO_STORE_DIR="$tmp/gloo_store" BIND_HOST="$(scripts/lab addr "$i")" \
       timeout 1800 scripts/lab exec "$i" "$@" > "$tmp/$name.$i.log" 2>&1 &
     pids+=($!)

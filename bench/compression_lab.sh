@@ -21,7 +21,7 @@ source bench/lab_common.sh
 
 for codec in trunc16 fp16 q8; do
   for i in 0 1 2 3; do
-    RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=29500 OPENBLAS_NUM_THREADS=1 \
+    RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=29500 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
       timeout 3600 scripts/lab exec "$i" "$BIN" bench allreduce -b "$MIN" -e "$MAX" -f 4 \
       -n "$ITERS" -w 1 -c --compression "$codec" --link-gbps "$goodput_gbps" \
       --json "$tmp/$codec.json" > "$tmp/$codec.$i.log" 2>&1 &

@@ -46,7 +46,7 @@ run_mode() {  # run_mode NAME --set ...: one rank per node, rank 0's metrics int
   local name="$1"; shift
   local port=$((29600 + RANDOM % 300))
   for i in 0 1 2 3; do
-    RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 \
+    RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
       timeout 900 scripts/lab exec "$i" "$BIN" worker "$CONFIG" "${COMMON[@]}" "$@" \
       $([[ $i == 0 ]] && echo --out "$tmp/$name") > "$tmp/$name.$i.log" 2>&1 &
     pids+=($!)

@@ -59,7 +59,7 @@ else
   run_probe() {  # run_probe JSON: one rank per node, as run_mode
     local port=$((29900 + RANDOM % 90)) rc=0
     for i in 0 1 2 3; do
-      RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 \
+      RANK=$i WORLD_SIZE=4 MASTER_ADDR=$master MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
         timeout 300 scripts/lab exec "$i" "$BIN" probe "$CONFIG" \
         $([[ $i == 0 ]] && echo --json "$1") > "$tmp/probe.$i.log" 2>&1 &
       pids+=($!)

@@ -56,7 +56,7 @@ run_rate() {
 
   # Probe on the ring's nodes (1-4), then the model for the configurations as run (chunk 1 MiB).
   for r in 0 1 2 3; do
-    RANK=$r WORLD_SIZE=4 MASTER_ADDR=$a1 MASTER_PORT=29611 OPENBLAS_NUM_THREADS=1 \
+    RANK=$r WORLD_SIZE=4 MASTER_ADDR=$a1 MASTER_PORT=29611 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
       timeout 300 scripts/lab exec $((r + 1)) "$BIN" probe "$CONFIG" "${common[@]}" \
       --json "$PWD/$out/probe.json" > "$out/probe.$r.log" 2>&1 &
     pids+=($!)
@@ -74,7 +74,7 @@ run_rate() {
       ps_sync|ps_async)
         local mode=PS_SYNC; [[ $scheme == ps_async ]] && mode=PS_ASYNC
         for r in 0 1 2 3 4; do
-          RANK=$r WORLD_SIZE=5 MASTER_ADDR=$a0 MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 \
+          RANK=$r WORLD_SIZE=5 MASTER_ADDR=$a0 MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
             timeout 900 scripts/lab exec $r "$BIN" worker "$CONFIG" "${common[@]}" \
             --set "train.mode=$mode" --out "$PWD/$out/$scheme" > "$out/$scheme.$r.log" 2>&1 &
           pids+=($!)
@@ -83,7 +83,7 @@ run_rate() {
         local width=${scheme:6:1} extra=()
         [[ $scheme == *_q8 ]] && extra=(--set comm.compression=q8 --set comm.error_feedback=true)
         for r in 0 1 2 3; do
-          RANK=$r WORLD_SIZE=4 MASTER_ADDR=$a1 MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 \
+          RANK=$r WORLD_SIZE=4 MASTER_ADDR=$a1 MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
             timeout 900 scripts/lab exec $((r + 1)) "$BIN" worker "$CONFIG" "${common[@]}" \
             --set "train.pipeline_width=$width" "${extra[@]}" --out "$PWD/$out/$scheme" \
             --timeline "$PWD/$out/$scheme.timeline.json" --timeline-first-step 20 --timeline-steps 40 \

@@ -103,7 +103,7 @@ run_rate() {
         local mode=PS_SYNC; [[ $scheme == ps_async ]] && mode=PS_ASYNC
         for r in 0 1 2 3 4; do  # rank 0, the server, on node 4; worker rank r on node r-1
           local node=$(( r == 0 ? 4 : r - 1 ))
-          RANK=$r WORLD_SIZE=5 MASTER_ADDR=$a4 MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 \
+          RANK=$r WORLD_SIZE=5 MASTER_ADDR=$a4 MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
             timeout 1800 scripts/lab exec "$node" "$BIN" worker "$config" "${common[@]}" \
             --set "train.mode=$mode" $([[ $r == 1 ]] && echo --out "$PWD/$out/$scheme") \
             > "$out/$scheme.$r.log" 2>&1 &
@@ -130,7 +130,7 @@ run_rate() {
         [[ $TIMELINE == 1 ]] && extra+=(--timeline "$PWD/$out/$scheme.timeline.json"
                                         --timeline-first-step 100 --timeline-steps 40)
         for r in 0 1 2 3; do
-          RANK=$r WORLD_SIZE=4 MASTER_ADDR=$a0 MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 \
+          RANK=$r WORLD_SIZE=4 MASTER_ADDR=$a0 MASTER_PORT=$port OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
             timeout 1800 scripts/lab exec "$r" "$BIN" worker "$config" "${common[@]}" "${extra[@]}" \
             $([[ $r == 0 ]] && echo --out "$PWD/$out/$scheme") > "$out/$scheme.$r.log" 2>&1 &
           pids+=($!)

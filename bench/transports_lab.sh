@@ -36,7 +36,7 @@ run_ranks() {  # run_ranks LOG ENV... -- CMD...: one rank per node, rank i on no
   while [[ "$1" != "--" ]]; do vars+=("$1"); shift; done
   shift
   for i in 0 1 2 3; do
-    env RANK=$i WORLD_SIZE=4 MASTER_ADDR="$master" MASTER_PORT=29500 OPENBLAS_NUM_THREADS=1 \
+    env RANK=$i WORLD_SIZE=4 MASTER_ADDR="$master" MASTER_PORT=29500 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
       "${vars[@]}" timeout 1800 scripts/lab exec "$i" "$@" > "$tmp/$log.$i.log" 2>&1 &
     pids+=($!)
   done
