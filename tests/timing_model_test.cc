@@ -225,6 +225,11 @@ TEST(TimingModel, CpuBoundByHand) {
   EXPECT_NEAR(UpdateTime(in, 1), 0.001, 1e-15);
   in.pipelined_update_s = 0;  // not known: U
   EXPECT_NEAR(UpdateTime(in, 2), 0.001, 1e-15);
+  // Measured below U (noise: it does U's work and more): U, so that width 2 does not win on it.
+  in.pipelined_update_s = 0.0006;
+  EXPECT_NEAR(UpdateTime(in, 2), 0.001, 1e-15);
+  EXPECT_NEAR(PipeTime(in, kNone, 1e6, 2), 0.02912, 1e-12);
+  in.pipelined_update_s = 0;
   // A rank with CPU to spare (s = 2 cores while both threads run): (0.0055 + 0.00906) / 2,
   // below both widths' times, which stand.
   in.cpu_share = 2;
