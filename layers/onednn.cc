@@ -6,20 +6,26 @@
 
 namespace pipesgd::layers::onednn {
 
-std::string Description() {
-  const dnnl_version_t* v = dnnl_version();
-  if (DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP) {
-    return fmt::format("oneDNN {}.{}.{}, a CPU runtime other than OpenMP", v->major, v->minor,
-                       v->patch);
-  }
+int Threads() {
+  if (DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP) return 0;
   // The Debian build runs on OpenMP: its threads are those of the OpenMP runtime libdnnl
   // brought in (libgomp). Asked of that runtime rather than compiled against omp.h, which
   // would tie this library to the compiler's OpenMP (clang's is another one).
   using MaxThreads = int (*)();
   const auto max_threads =
       reinterpret_cast<MaxThreads>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  return max_threads != nullptr ? max_threads() : 0;
+}
+
+std::string Description() {
+  const dnnl_version_t* v = dnnl_version();
+  if (DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP) {
+    return fmt::format("oneDNN {}.{}.{}, a CPU runtime other than OpenMP", v->major, v->minor,
+                       v->patch);
+  }
+  const int threads = Threads();
   return fmt::format("oneDNN {}.{}.{}, OpenMP, {} thread(s)", v->major, v->minor, v->patch,
-                     max_threads != nullptr ? fmt::to_string(max_threads()) : "?");
+                     threads > 0 ? fmt::to_string(threads) : "?");
 }
 
 const dnnl::engine& Engine() {

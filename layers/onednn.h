@@ -19,6 +19,8 @@ namespace pipesgd::layers::onednn {
 // "oneDNN 2.6.3, OpenMP, 2 thread(s)": the library's version, its CPU runtime and the
 // threads a primitive run from this thread would use.
 std::string Description();
+// Those threads (omp_get_max_threads); 0 where the runtime is not OpenMP or cannot be asked.
+int Threads();
 
 // The process's CPU engine, created on first use (an engine may be shared by threads).
 const dnnl::engine& Engine();

@@ -17,11 +17,14 @@ namespace pipesgd::layers {
 #ifdef PIPESGD_HAVE_ONEDNN
 namespace onednn {
 std::string Description();  // layers/onednn.cc (its header needs oneDNN's)
+int Threads();
 }  // namespace onednn
 bool HaveOneDnn() { return true; }
+int OneDnnThreads() { return onednn::Threads(); }
 std::string CpuKernelsDescription() { return "onednn (" + onednn::Description() + ")"; }
 #else
 bool HaveOneDnn() { return false; }
+int OneDnnThreads() { return 0; }
 std::string CpuKernelsDescription() {
   return "openblas (im2col + OpenBLAS; this build has no oneDNN)";
 }

@@ -1,8 +1,13 @@
-// core/base: errors carry their code and context; deadlines expire when they should; the median.
+// core/base: errors carry their code and context; deadlines expire when they should; the median;
+// the cgroup CPU quota.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <thread>
+#include <unistd.h>
 
+#include "core/base/cpu_quota.h"
 #include "core/base/deadline.h"
 #include "core/base/error.h"
 #include "core/base/measure.h"
@@ -56,6 +61,71 @@ TEST(Median, MiddleSampleOrTheMeanOfTheTwoMiddleOnes) {
   EXPECT_EQ(Median({1.0, 4.0}), 2.5);
   EXPECT_EQ(Median({9.0, 1.0, 5.0, 3.0}), 4.0);
   EXPECT_EQ(Median({2.0, 2.0, 2.0, 8.0}), 2.0);
+}
+
+// A cgroup tree of files, as the kernel shows one, under a temporary folder.
+class FakeCgroups {
+ public:
+  FakeCgroups()
+      : root_(std::filesystem::temp_directory_path() /
+              ("pipesgd_cgroup_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(root_);
+  }
+  ~FakeCgroups() { std::filesystem::remove_all(root_); }
+  void Write(const std::string& file, const std::string& text) {
+    std::filesystem::create_directories((root_ / file).parent_path());
+    std::ofstream(root_ / file) << text << "\n";
+  }
+  const std::filesystem::path& root() const { return root_; }
+
+ private:
+  std::filesystem::path root_;
+};
+
+TEST(CpuQuota, CgroupV2CpuMaxInTheProcessGroupOrAParent) {
+  FakeCgroups fs;
+  fs.Write("cpu.max", "max 100000");
+  fs.Write("kubepods/pod1/cpu.max", "150000 100000");
+  fs.Write("kubepods/pod1/c1/cpu.max", "max 100000");
+  const auto q = CpuQuotaOf("0::/kubepods/pod1/c1\n", fs.root());
+  ASSERT_TRUE(q.has_value());
+  EXPECT_DOUBLE_EQ(q->cpus, 1.5);  // the parent's quota holds the child
+  EXPECT_EQ(q->file, (fs.root() / "kubepods/pod1/cpu.max").string());
+  // The tightest of the chain.
+  fs.Write("kubepods/pod1/c1/cpu.max", "25000 50000");
+  EXPECT_DOUBLE_EQ(CpuQuotaOf("0::/kubepods/pod1/c1\n", fs.root())->cpus, 0.5);
+  // "max" all the way up: no quota.
+  fs.Write("kubepods/pod1/cpu.max", "max 100000");
+  fs.Write("kubepods/pod1/c1/cpu.max", "max 100000");
+  EXPECT_FALSE(CpuQuotaOf("0::/kubepods/pod1/c1\n", fs.root()).has_value());
+}
+
+TEST(CpuQuota, CgroupV1CfsQuotaBesideOtherControllers) {
+  FakeCgroups fs;
+  fs.Write("cpu/lab/n1/cpu.cfs_quota_us", "50000");
+  fs.Write("cpu/lab/n1/cpu.cfs_period_us", "100000");
+  fs.Write("cpu/cpu.cfs_quota_us", "-1");
+  fs.Write("cpu/cpu.cfs_period_us", "100000");
+  const std::string proc = "4:memory:/x\n2:cpuacct:/\n1:cpu:/lab/n1\n0::/\n";
+  const auto q = CpuQuotaOf(proc, fs.root());
+  ASSERT_TRUE(q.has_value());
+  EXPECT_DOUBLE_EQ(q->cpus, 0.5);
+  EXPECT_EQ(q->file, (fs.root() / "cpu/lab/n1/cpu.cfs_quota_us").string());
+  // -1: none; the joint mount name "cpu,cpuacct" too.
+  FakeCgroups none;
+  none.Write("cpu,cpuacct/cpu.cfs_quota_us", "-1");
+  none.Write("cpu,cpuacct/cpu.cfs_period_us", "100000");
+  EXPECT_FALSE(CpuQuotaOf("3:cpu,cpuacct:/\n", none.root()).has_value());
+}
+
+TEST(CpuQuota, UnreadableOrMalformedIsNoQuota) {
+  FakeCgroups fs;
+  EXPECT_FALSE(CpuQuotaOf("0::/not/mounted\n", fs.root()).has_value());
+  EXPECT_FALSE(CpuQuotaOf("garbage\n\n", fs.root()).has_value());
+  fs.Write("cpu.max", "12abc 100000");
+  EXPECT_FALSE(CpuQuotaOf("0::/\n", fs.root()).has_value());
+  fs.Write("cpu.max", "50000 0");
+  EXPECT_FALSE(CpuQuotaOf("0::/\n", fs.root()).has_value());
 }
 
 }  // namespace

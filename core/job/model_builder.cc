@@ -1,11 +1,15 @@
 #include "core/job/model_builder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/base/log.h"
 #include "layers/model.h"
@@ -62,6 +66,19 @@ std::once_flag cpu_kernels_logged;
 
 }  // namespace
 
+std::optional<std::string> ThreadsOverQuotaWarning(int threads,
+                                                   const std::optional<CpuQuota>& quota,
+                                                   const char* omp_num_threads_env) {
+  if (omp_num_threads_env != nullptr || !quota || threads <= 1) return std::nullopt;
+  if (static_cast<double>(threads) <= std::ceil(quota->cpus)) return std::nullopt;
+  const int fit = std::max(1, static_cast<int>(std::floor(quota->cpus)));
+  return fmt::format(
+      "OMP_NUM_THREADS is unset, so oneDNN's convolutions run {} OpenMP threads in this process, "
+      "over its CPU quota of {:.2f} CPU ({}); the threads wait for each other's time slices. "
+      "Set OMP_NUM_THREADS={} for each rank (`pipesgd run` sets 1, as torchrun does)",
+      threads, quota->cpus, quota->file, fit);
+}
+
 std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spec) {
   const layers::CpuKernels kernels = CpuKernels(spec);
   std::vector<std::unique_ptr<layers::Layer>> stack;
@@ -95,6 +112,11 @@ std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spe
                     config::Model::Kernels_Name(spec.kernels()),
                     kernels == layers::DefaultCpuKernels() ? layers::CpuKernelsDescription()
                                                            : layers::ToString(kernels));
+      if (kernels != layers::CpuKernels::kOneDnn) return;
+      if (const auto warning = ThreadsOverQuotaWarning(
+              layers::OneDnnThreads(), ProcessCpuQuota(), std::getenv("OMP_NUM_THREADS"))) {
+        PSGD_LOG_WARN("{}", *warning);
+      }
     });
   }
   return stack;

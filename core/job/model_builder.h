@@ -3,10 +3,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "configs/pipesgd.pb.h"
+#include "core/base/cpu_quota.h"
 #include "layers/layer.h"
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
 #include "layers/cuda/cuda_model.h"
@@ -30,6 +32,15 @@ bool HasSpatialLayers(const config::Model& spec);
 // "openblas", "cudnn", "cublas", or "none" for a model without conv2d or max_pool2d; written to
 // summary.json and the training benchmark's output.
 std::string KernelsInUse(const config::Model& spec);
+
+// The warning for a rank whose oneDNN runs more OpenMP threads than its CPU quota gives it, or
+// nullopt: OMP_NUM_THREADS unset (omp_num_threads_env null; set, it is the user's choice),
+// `threads` from the runtime, and a quota under that count. OpenMP sizes its team by the CPUs
+// the process may run on, which a quota does not shrink: the lab's 0.5-CPU nodes ran the CNN
+// 2.7x slower per step with 2 threads than with 1. `pipesgd run` sets 1, as torchrun does.
+std::optional<std::string> ThreadsOverQuotaWarning(int threads,
+                                                   const std::optional<CpuQuota>& quota,
+                                                   const char* omp_num_threads_env);
 
 // The layers of the config in order, each built for the shape its predecessor outputs (no
 // activation memory yet; layers::Model allocates that). The config loader has checked that the
