@@ -3,14 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
+#include <string>
 #include <thread>
-#include <unistd.h>
 
 #include "core/base/cpu_quota.h"
 #include "core/base/deadline.h"
 #include "core/base/error.h"
 #include "core/base/measure.h"
+#include "tests/support/temp_dir.h"
 
 namespace pipesgd {
 namespace {
@@ -64,22 +64,12 @@ TEST(Median, MiddleSampleOrTheMeanOfTheTwoMiddleOnes) {
 }
 
 // A cgroup tree of files, as the kernel shows one, under a temporary folder.
-class FakeCgroups {
- public:
-  FakeCgroups()
-      : root_(std::filesystem::temp_directory_path() /
-              ("pipesgd_cgroup_" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(root_);
-  }
-  ~FakeCgroups() { std::filesystem::remove_all(root_); }
+struct FakeCgroups : testing::TempDir {
   void Write(const std::string& file, const std::string& text) {
-    std::filesystem::create_directories((root_ / file).parent_path());
-    std::ofstream(root_ / file) << text << "\n";
+    std::filesystem::create_directories(std::filesystem::path(path(file)).parent_path());
+    File(file, text + "\n");
   }
-  const std::filesystem::path& root() const { return root_; }
-
- private:
-  std::filesystem::path root_;
+  std::filesystem::path root() const { return path(); }
 };
 
 TEST(CpuQuota, CgroupV2CpuMaxInTheProcessGroupOrAParent) {
