@@ -109,6 +109,14 @@ std::unique_ptr<Layer> MakeLinear(size_t in_features, size_t out_features) {
 
 namespace pipesgd::layers {
 
+int BlasThreads() {
+#ifdef OPENBLAS_VERSION
+  return openblas_get_num_threads();
+#else
+  return 0;
+#endif
+}
+
 std::string BlasDescription() {
 #ifdef OPENBLAS_VERSION
   return fmt::format("{} ({} core, {} thread(s))", openblas_get_config(),

@@ -17,6 +17,8 @@ namespace pipesgd::layers {
 // The BLAS library the layers run on, for `pipesgd info`: "OpenBLAS 0.3.21 ... (Haswell core,
 // 2 threads)".
 std::string BlasDescription();
+// The threads an sgemm call may use (openblas_get_num_threads); 0 for a CBLAS that cannot say.
+int BlasThreads();
 // The convolution and pooling kernels model.kernels = AUTO picks in this build, for
 // `pipesgd info` and the worker's log: "onednn (oneDNN 2.6.3, OpenMP, 1 thread(s))".
 std::string CpuKernelsDescription();

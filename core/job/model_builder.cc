@@ -66,18 +66,31 @@ std::once_flag cpu_kernels_logged;
 
 }  // namespace
 
-std::optional<std::string> ThreadsOverQuotaWarning(int threads,
-                                                   const std::optional<CpuQuota>& quota,
-                                                   const char* omp_num_threads_env) {
-  if (omp_num_threads_env != nullptr || !quota || threads <= 1) return std::nullopt;
-  if (static_cast<double>(threads) <= std::ceil(quota->cpus)) return std::nullopt;
+std::optional<std::string> ThreadsOverQuotaWarning(const ThreadPool& pool,
+                                                   const std::optional<CpuQuota>& quota) {
+  if (pool.env != nullptr || !quota || pool.threads <= 1) return std::nullopt;
+  if (static_cast<double>(pool.threads) <= std::ceil(quota->cpus)) return std::nullopt;
   const int fit = std::max(1, static_cast<int>(std::floor(quota->cpus)));
   return fmt::format(
-      "OMP_NUM_THREADS is unset, so oneDNN's convolutions run {} OpenMP threads in this process, "
-      "over its CPU quota of {:.2f} CPU ({}); the threads wait for each other's time slices. "
-      "Set OMP_NUM_THREADS={} for each rank (`pipesgd run` sets 1, as torchrun does)",
-      threads, quota->cpus, quota->file, fit);
+      "{} is unset, so {} {} {} in this process, over its CPU quota of {:.2f} CPU ({}); the "
+      "threads wait for each other's time slices. Set {}={} for each rank (`pipesgd run` sets "
+      "1 where it is unset)",
+      pool.env_name, pool.what, pool.threads, pool.kind, quota->cpus, quota->file,
+      pool.env_name, fit);
 }
+
+namespace {
+
+// Once per process, as the kernels' line.
+std::once_flag blas_threads_checked;
+
+void WarnIfOverQuota(const ThreadPool& pool) {
+  if (const auto warning = ThreadsOverQuotaWarning(pool, ProcessCpuQuota())) {
+    PSGD_LOG_WARN("{}", *warning);
+  }
+}
+
+}  // namespace
 
 std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spec) {
   const layers::CpuKernels kernels = CpuKernels(spec);
@@ -113,10 +126,14 @@ std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spe
                     kernels == layers::DefaultCpuKernels() ? layers::CpuKernelsDescription()
                                                            : layers::ToString(kernels));
       if (kernels != layers::CpuKernels::kOneDnn) return;
-      if (const auto warning = ThreadsOverQuotaWarning(
-              layers::OneDnnThreads(), ProcessCpuQuota(), std::getenv("OMP_NUM_THREADS"))) {
-        PSGD_LOG_WARN("{}", *warning);
-      }
+      WarnIfOverQuota({"oneDNN's convolutions run", "OpenMP threads", "OMP_NUM_THREADS",
+                       std::getenv("OMP_NUM_THREADS"), layers::OneDnnThreads()});
+    });
+  }
+  if (spec.device() == config::Model::CPU) {
+    std::call_once(blas_threads_checked, [] {
+      WarnIfOverQuota({"OpenBLAS's matrix products run", "threads", "OPENBLAS_NUM_THREADS",
+                       std::getenv("OPENBLAS_NUM_THREADS"), layers::BlasThreads()});
     });
   }
   return stack;

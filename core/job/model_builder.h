@@ -33,14 +33,22 @@ bool HasSpatialLayers(const config::Model& spec);
 // summary.json and the training benchmark's output.
 std::string KernelsInUse(const config::Model& spec);
 
-// The warning for a rank whose oneDNN runs more OpenMP threads than its CPU quota gives it, or
-// nullopt: OMP_NUM_THREADS unset (omp_num_threads_env null; set, it is the user's choice),
-// `threads` from the runtime, and a quota under that count. OpenMP sizes its team by the CPUs
-// the process may run on, which a quota does not shrink: the lab's 0.5-CPU nodes ran the CNN
-// 2.7x slower per step with 2 threads than with 1. `pipesgd run` sets 1, as torchrun does.
-std::optional<std::string> ThreadsOverQuotaWarning(int threads,
-                                                   const std::optional<CpuQuota>& quota,
-                                                   const char* omp_num_threads_env);
+// A library's thread pool in this process, as the quota warning names it.
+struct ThreadPool {
+  const char* what;      // "oneDNN's convolutions run"
+  const char* kind;      // "OpenMP threads"
+  const char* env_name;  // the variable that sets the count: "OMP_NUM_THREADS"
+  const char* env;       // its value, null where unset
+  int threads;           // the count the library reports; 0 where it cannot say
+};
+
+// The warning for a rank whose library runs more threads than its CPU quota gives it, or
+// nullopt: the variable unset (set, the count is the user's choice), and the count above the
+// quota. OpenMP and OpenBLAS size their pools by the CPUs the process may run on, which a quota
+// does not shrink: the lab's 0.5-CPU nodes ran the CNN 2.7x slower per step with 2 oneDNN
+// threads than with 1. `pipesgd run` sets both to 1 (torchrun sets OMP_NUM_THREADS).
+std::optional<std::string> ThreadsOverQuotaWarning(const ThreadPool& pool,
+                                                   const std::optional<CpuQuota>& quota);
 
 // The layers of the config in order, each built for the shape its predecessor outputs (no
 // activation memory yet; layers::Model allocates that). The config loader has checked that the
