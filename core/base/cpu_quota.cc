@@ -3,19 +3,21 @@
 #include <charconv>
 #include <fstream>
 #include <sstream>
-#include <vector>
+#include <tuple>
+#include <utility>
 
 namespace pipesgd {
 
 namespace {
 
-std::optional<std::string> ReadWord(const std::filesystem::path& file, int index) {
+// The first two words of a file (a missing one: nullopt).
+std::pair<std::optional<std::string>, std::optional<std::string>> ReadWords(
+    const std::filesystem::path& file) {
   std::ifstream in(file);
-  std::string word;
-  for (int i = 0; i <= index; ++i) {
-    if (!(in >> word)) return std::nullopt;
-  }
-  return word;
+  std::string first, second;
+  if (!(in >> first)) return {};
+  if (!(in >> second)) return {first, std::nullopt};
+  return {first, second};
 }
 
 std::optional<double> Number(const std::optional<std::string>& word) {
@@ -42,9 +44,10 @@ std::optional<CpuQuota> Tightest(const std::filesystem::path& root, std::string_
   std::filesystem::path rel = std::filesystem::path(cgroup).relative_path();
   for (;;) {
     const std::filesystem::path dir = root / rel;
-    const auto cpus =
-        v2 ? Ratio(ReadWord(dir / "cpu.max", 0), ReadWord(dir / "cpu.max", 1))
-           : Ratio(ReadWord(dir / "cpu.cfs_quota_us", 0), ReadWord(dir / "cpu.cfs_period_us", 0));
+    // v2: "QUOTA PERIOD" in one file; v1: one number in each of two.
+    const auto cpus = v2 ? std::apply(Ratio, ReadWords(dir / "cpu.max"))
+                         : Ratio(ReadWords(dir / "cpu.cfs_quota_us").first,
+                                 ReadWords(dir / "cpu.cfs_period_us").first);
     if (cpus && (!best || *cpus < best->cpus)) {
       best = CpuQuota{*cpus, (dir / (v2 ? "cpu.max" : "cpu.cfs_quota_us")).string()};
     }

@@ -68,7 +68,8 @@ std::once_flag cpu_kernels_logged;
 
 std::optional<std::string> ThreadsOverQuotaWarning(const ThreadPool& pool,
                                                    const std::optional<CpuQuota>& quota) {
-  if (pool.env != nullptr || !quota || pool.threads <= 1) return std::nullopt;
+  // A quota is > 0 CPU, so one thread (or an unknown count, 0) always fits.
+  if (pool.env != nullptr || !quota) return std::nullopt;
   if (static_cast<double>(pool.threads) <= std::ceil(quota->cpus)) return std::nullopt;
   const int fit = std::max(1, static_cast<int>(std::floor(quota->cpus)));
   return fmt::format(
