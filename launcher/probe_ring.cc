@@ -14,6 +14,7 @@
 #include "core/collective/codec.h"
 #include "core/collective/ring_allreduce.h"
 #include "core/train/trainer.h"
+#include "core/job/model_builder.h"
 #include "core/job/worker_detail.h"
 #include "launcher/link_prober.h"
 
@@ -130,6 +131,8 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
     {
       std::jthread computer([&] {
         try {
+          // The job's thread counts here too (OpenMP keeps them per thread).
+          job::FitThreadsToCpuQuota(job.model());
           std::vector<float> cparams(params), cgrads(p);
           const auto c0 = Clock::now();
           const double cpu0 = ThreadCpuSeconds();

@@ -134,6 +134,9 @@ bool HaveOneDnn();                // this build has the oneDNN layers
 // The threads a oneDNN primitive run from the calling thread would use (OpenMP's count); 0
 // without oneDNN or where its runtime is not OpenMP.
 int OneDnnThreads();
+// Sets that count for primitives run from the calling thread (OpenMP keeps it per thread);
+// false without oneDNN, where its runtime is not OpenMP, or for a count below 1.
+bool SetOneDnnThreads(int threads);
 CpuKernels DefaultCpuKernels();  // kOneDnn where HaveOneDnn(), else kOpenBlas
 std::string ToString(CpuKernels kernels);  // "onednn", "openblas"
 std::unique_ptr<Layer> MakeConv2d(const Shape& in, size_t out_channels, size_t kernel,

@@ -117,6 +117,17 @@ int BlasThreads() {
 #endif
 }
 
+bool SetBlasThreads(int threads) {
+#ifdef OPENBLAS_VERSION
+  if (threads < 1) return false;
+  openblas_set_num_threads(threads);
+  return true;
+#else
+  (void)threads;
+  return false;
+#endif
+}
+
 std::string BlasDescription() {
 #ifdef OPENBLAS_VERSION
   return fmt::format("{} ({} core, {} thread(s))", openblas_get_config(),

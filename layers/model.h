@@ -19,6 +19,9 @@ namespace pipesgd::layers {
 std::string BlasDescription();
 // The threads an sgemm call may use (openblas_get_num_threads); 0 for a CBLAS that cannot say.
 int BlasThreads();
+// Sets it for every thread (openblas_set_num_threads); false for a CBLAS that cannot, or a
+// count below 1.
+bool SetBlasThreads(int threads);
 // The convolution and pooling kernels model.kernels = AUTO picks in this build, for
 // `pipesgd info` and the worker's log: "onednn (oneDNN 2.6.3, OpenMP, 1 thread(s))".
 std::string CpuKernelsDescription();

@@ -17,6 +17,16 @@ int Threads() {
   return max_threads != nullptr ? max_threads() : 0;
 }
 
+bool SetThreads(int threads) {
+  if (DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP || threads < 1) return false;
+  using SetNumThreads = void (*)(int);
+  const auto set_threads =
+      reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  if (set_threads == nullptr) return false;
+  set_threads(threads);
+  return true;
+}
+
 std::string Description() {
   const dnnl_version_t* v = dnnl_version();
   if (DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP) {

@@ -21,6 +21,9 @@ namespace pipesgd::layers::onednn {
 std::string Description();
 // Those threads (omp_get_max_threads); 0 where the runtime is not OpenMP or cannot be asked.
 int Threads();
+// Sets them for primitives run from the calling thread (omp_set_num_threads: OpenMP keeps the
+// count per thread); false where the runtime is not OpenMP or cannot be asked.
+bool SetThreads(int threads);
 
 // The process's CPU engine, created on first use (an engine may be shared by threads).
 const dnnl::engine& Engine();

@@ -18,13 +18,16 @@ namespace pipesgd::layers {
 namespace onednn {
 std::string Description();  // layers/onednn.cc (its header needs oneDNN's)
 int Threads();
+bool SetThreads(int threads);
 }  // namespace onednn
 bool HaveOneDnn() { return true; }
 int OneDnnThreads() { return onednn::Threads(); }
+bool SetOneDnnThreads(int threads) { return onednn::SetThreads(threads); }
 std::string CpuKernelsDescription() { return "onednn (" + onednn::Description() + ")"; }
 #else
 bool HaveOneDnn() { return false; }
 int OneDnnThreads() { return 0; }
+bool SetOneDnnThreads(int /*threads*/) { return false; }
 std::string CpuKernelsDescription() {
   return "openblas (im2col + OpenBLAS; this build has no oneDNN)";
 }

@@ -1,46 +1,72 @@
-// core/job/model_builder: the warning for a rank whose library threads outnumber its CPU quota.
+// core/job/model_builder: a rank whose library threads outnumber its CPU quota runs the quota's
+// count instead, and the setters that does it through take effect.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "core/job/model_builder.h"
+#include "layers/model.h"
 
 namespace pipesgd::job {
 namespace {
 
 ThreadPool OneDnn(int threads, const char* env = nullptr) {
-  return {"oneDNN's convolutions run", "OpenMP threads", "OMP_NUM_THREADS", env, threads};
+  return {"oneDNN's convolutions", "OpenMP threads", "OMP_NUM_THREADS", env, threads};
 }
 
-TEST(ThreadsOverQuota, WarnsWithTheCountTheQuotaItsFileAndTheFix) {
-  const CpuQuota half{0.5, "/sys/fs/cgroup/cpu/lab/n1/cpu.cfs_quota_us"};
-  const auto w = ThreadsOverQuotaWarning(OneDnn(2), half);
-  ASSERT_TRUE(w.has_value());
-  EXPECT_EQ(*w,
-            "OMP_NUM_THREADS is unset, so oneDNN's convolutions run 2 OpenMP threads in this "
-            "process, over its CPU quota of 0.50 CPU (/sys/fs/cgroup/cpu/lab/n1/cpu.cfs_quota_us); "
-            "the threads wait for each other's time slices. Set OMP_NUM_THREADS=1 for each rank "
-            "(`pipesgd run` sets 1 where it is unset)");
-  // 64 OpenBLAS threads on a 2.5-CPU pod: 2 fit.
-  const auto pod = ThreadsOverQuotaWarning(
-      {"OpenBLAS's matrix products run", "threads", "OPENBLAS_NUM_THREADS", nullptr, 64},
-      CpuQuota{2.5, "cpu.max"});
-  ASSERT_TRUE(pod.has_value());
-  EXPECT_NE(pod->find("OPENBLAS_NUM_THREADS is unset, so OpenBLAS's matrix products run 64 "
-                      "threads in this process"),
-            std::string::npos)
-      << *pod;
-  EXPECT_NE(pod->find("quota of 2.50 CPU (cpu.max)"), std::string::npos) << *pod;
-  EXPECT_NE(pod->find("Set OPENBLAS_NUM_THREADS=2 "), std::string::npos) << *pod;
+TEST(ThreadsForQuota, TheQuotaRoundedUpWhereTheVariableIsUnsetAndTheThreadsExceedIt) {
+  EXPECT_EQ(ThreadsForQuota(OneDnn(2), CpuQuota{0.5, "q"}), 1);
+  EXPECT_EQ(ThreadsForQuota(OneDnn(5), CpuQuota{4, "q"}), 4);
+  // 64 OpenBLAS threads on a 2.5-CPU pod: 3.
+  EXPECT_EQ(ThreadsForQuota({"OpenBLAS's matrix products", "threads", "OPENBLAS_NUM_THREADS",
+                             nullptr, 64},
+                            CpuQuota{2.5, "cpu.max"}),
+            3);
 }
 
-TEST(ThreadsOverQuota, SilentWhereTheThreadsFitTheUserChoseOrNothingIsKnown) {
+TEST(ThreadsForQuota, NothingWhereTheThreadsFitTheUserChoseOrNothingIsKnown) {
   const CpuQuota half{0.5, "q"};
-  EXPECT_FALSE(ThreadsOverQuotaWarning(OneDnn(2, "2"), half).has_value());  // the user's choice
-  EXPECT_FALSE(ThreadsOverQuotaWarning(OneDnn(1), half).has_value());  // one: nothing to gain
-  EXPECT_FALSE(ThreadsOverQuotaWarning(OneDnn(0), half).has_value());  // the count is unknown
-  EXPECT_FALSE(ThreadsOverQuotaWarning(OneDnn(8), std::nullopt).has_value());  // no quota
-  EXPECT_FALSE(ThreadsOverQuotaWarning(OneDnn(2), CpuQuota{1.5, "q"}).has_value());
-  EXPECT_FALSE(ThreadsOverQuotaWarning(OneDnn(4), CpuQuota{4, "q"}).has_value());
-  EXPECT_TRUE(ThreadsOverQuotaWarning(OneDnn(5), CpuQuota{4, "q"}).has_value());
+  EXPECT_EQ(ThreadsForQuota(OneDnn(2, "2"), half), std::nullopt);  // the user's choice
+  EXPECT_EQ(ThreadsForQuota(OneDnn(1), half), std::nullopt);       // one: nothing to gain
+  EXPECT_EQ(ThreadsForQuota(OneDnn(0), half), std::nullopt);       // the count is unknown
+  EXPECT_EQ(ThreadsForQuota(OneDnn(8), std::nullopt), std::nullopt);  // no quota
+  EXPECT_EQ(ThreadsForQuota(OneDnn(2), CpuQuota{1.5, "q"}), std::nullopt);
+  EXPECT_EQ(ThreadsForQuota(OneDnn(4), CpuQuota{4, "q"}), std::nullopt);
+}
+
+TEST(ThreadsForQuota, TheMessageNamesTheVariableTheCountsTheQuotaAndItsFile) {
+  EXPECT_EQ(ThreadsForQuotaMessage(OneDnn(2), 1,
+                                   CpuQuota{0.5, "/sys/fs/cgroup/cpu/lab/n1/cpu.cfs_quota_us"}),
+            "OMP_NUM_THREADS is unset and oneDNN's convolutions would run 2 OpenMP threads in "
+            "this process, over its CPU quota of 0.50 CPU "
+            "(/sys/fs/cgroup/cpu/lab/n1/cpu.cfs_quota_us), where they wait for each other's time "
+            "slices: they run 1 (set OMP_NUM_THREADS to choose; `pipesgd run` sets 1 where it is "
+            "unset)");
+}
+
+TEST(ThreadsForQuota, OpenBlasCountIsSetForTheProcess) {
+  const int before = layers::BlasThreads();
+  if (before == 0) GTEST_SKIP() << "this BLAS cannot say its thread count";
+  ASSERT_TRUE(layers::SetBlasThreads(3));
+  EXPECT_EQ(layers::BlasThreads(), 3);
+  int other = -1;
+  std::thread([&] { other = layers::BlasThreads(); }).join();
+  EXPECT_EQ(other, 3);
+  EXPECT_FALSE(layers::SetBlasThreads(0));
+  ASSERT_TRUE(layers::SetBlasThreads(before));
+  EXPECT_EQ(layers::BlasThreads(), before);
+}
+
+TEST(ThreadsForQuota, OneDnnCountIsSetForTheCallingThreadOnly) {
+  const int before = layers::OneDnnThreads();
+  if (before == 0) GTEST_SKIP() << "no oneDNN on OpenMP in this build";
+  int in_thread = -1;
+  std::thread([&] {
+    in_thread = layers::SetOneDnnThreads(before + 2) ? layers::OneDnnThreads() : -2;
+  }).join();
+  EXPECT_EQ(in_thread, before + 2);
+  EXPECT_EQ(layers::OneDnnThreads(), before);  // OpenMP keeps the count per thread
+  EXPECT_FALSE(layers::SetOneDnnThreads(0));
 }
 
 }  // namespace

@@ -66,32 +66,62 @@ std::once_flag cpu_kernels_logged;
 
 }  // namespace
 
-std::optional<std::string> ThreadsOverQuotaWarning(const ThreadPool& pool,
-                                                   const std::optional<CpuQuota>& quota) {
+std::optional<int> ThreadsForQuota(const ThreadPool& pool, const std::optional<CpuQuota>& quota) {
   // A quota is > 0 CPU, so one thread (or an unknown count, 0) always fits.
   if (pool.env != nullptr || !quota) return std::nullopt;
-  if (static_cast<double>(pool.threads) <= std::ceil(quota->cpus)) return std::nullopt;
-  const int fit = std::max(1, static_cast<int>(std::floor(quota->cpus)));
+  const double fit = std::ceil(quota->cpus);
+  if (static_cast<double>(pool.threads) <= fit) return std::nullopt;
+  return static_cast<int>(fit);
+}
+
+std::string ThreadsForQuotaMessage(const ThreadPool& pool, int threads, const CpuQuota& quota) {
   return fmt::format(
-      "{} is unset, so {} {} {} in this process, over its CPU quota of {:.2f} CPU ({}); the "
-      "threads wait for each other's time slices. Set {}={} for each rank (`pipesgd run` sets "
-      "1 where it is unset)",
-      pool.env_name, pool.what, pool.threads, pool.kind, quota->cpus, quota->file,
-      pool.env_name, fit);
+      "{} is unset and {} would run {} {} in this process, over its CPU quota of {:.2f} CPU "
+      "({}), where they wait for each other's time slices: they run {} (set {} to choose; "
+      "`pipesgd run` sets 1 where it is unset)",
+      pool.env_name, pool.what, pool.threads, pool.kind, quota.cpus, quota.file, threads,
+      pool.env_name);
 }
 
 namespace {
 
 // Once per process, as the kernels' line.
-std::once_flag blas_threads_checked;
+std::once_flag onednn_threads_logged, blas_threads_fitted;
 
-void WarnIfOverQuota(const ThreadPool& pool) {
-  if (const auto warning = ThreadsOverQuotaWarning(pool, ProcessCpuQuota())) {
-    PSGD_LOG_WARN("{}", *warning);
-  }
+// The quota does not change while the process runs; read once.
+const std::optional<CpuQuota>& Quota() {
+  static const std::optional<CpuQuota> quota = ProcessCpuQuota();
+  return quota;
 }
 
 }  // namespace
+
+void FitThreadsToCpuQuota(const config::Model& spec) {
+  if (spec.device() != config::Model::CPU) return;
+  if (HasSpatialLayers(spec) && CpuKernels(spec) == layers::CpuKernels::kOneDnn) {
+    const ThreadPool pool{"oneDNN's convolutions", "OpenMP threads", "OMP_NUM_THREADS",
+                          std::getenv("OMP_NUM_THREADS"), layers::OneDnnThreads()};
+    if (const auto threads = ThreadsForQuota(pool, Quota());
+        threads && layers::SetOneDnnThreads(*threads)) {
+      std::call_once(onednn_threads_logged, [&] {
+        PSGD_LOG_INFO("{}", ThreadsForQuotaMessage(pool, *threads, *Quota()));
+      });
+    }
+  }
+  std::call_once(blas_threads_fitted, [] {
+    // OpenBLAS reads the first of these that is set: any of them is the user's choice.
+    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+    for (const char* name : {"GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
+      if (env == nullptr) env = std::getenv(name);
+    }
+    const ThreadPool pool{"OpenBLAS's matrix products", "threads", "OPENBLAS_NUM_THREADS", env,
+                          layers::BlasThreads()};
+    if (const auto threads = ThreadsForQuota(pool, Quota());
+        threads && layers::SetBlasThreads(*threads)) {
+      PSGD_LOG_INFO("{}", ThreadsForQuotaMessage(pool, *threads, *Quota()));
+    }
+  });
+}
 
 std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spec) {
   const layers::CpuKernels kernels = CpuKernels(spec);
@@ -120,21 +150,14 @@ std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spe
     }
     shape = stack.back()->out_shape();
   }
+  // Before the kernels' line, so that it shows the threads the layers will run.
+  FitThreadsToCpuQuota(spec);
   if (HasSpatialLayers(spec) && spec.device() == config::Model::CPU) {
     std::call_once(cpu_kernels_logged, [&] {
       PSGD_LOG_INFO("model.kernels = {}: convolutions and pooling on {}",
                     config::Model::Kernels_Name(spec.kernels()),
                     kernels == layers::DefaultCpuKernels() ? layers::CpuKernelsDescription()
                                                            : layers::ToString(kernels));
-      if (kernels != layers::CpuKernels::kOneDnn) return;
-      WarnIfOverQuota({"oneDNN's convolutions run", "OpenMP threads", "OMP_NUM_THREADS",
-                       std::getenv("OMP_NUM_THREADS"), layers::OneDnnThreads()});
-    });
-  }
-  if (spec.device() == config::Model::CPU) {
-    std::call_once(blas_threads_checked, [] {
-      WarnIfOverQuota({"OpenBLAS's matrix products run", "threads", "OPENBLAS_NUM_THREADS",
-                       std::getenv("OPENBLAS_NUM_THREADS"), layers::BlasThreads()});
     });
   }
   return stack;

@@ -33,22 +33,30 @@ bool HasSpatialLayers(const config::Model& spec);
 // summary.json and the training benchmark's output.
 std::string KernelsInUse(const config::Model& spec);
 
-// A library's thread pool in this process, as the quota warning names it.
+// A library's thread pool in this process, as the log names it.
 struct ThreadPool {
-  const char* what;      // "oneDNN's convolutions run"
+  const char* what;      // "oneDNN's convolutions"
   const char* kind;      // "OpenMP threads"
   const char* env_name;  // the variable that sets the count: "OMP_NUM_THREADS"
   const char* env;       // its value, null where unset
   int threads;           // the count the library reports; 0 where it cannot say
 };
 
-// The warning for a rank whose library runs more threads than its CPU quota gives it, or
-// nullopt: the variable unset (set, the count is the user's choice), and the count above the
-// quota. OpenMP and OpenBLAS size their pools by the CPUs the process may run on, which a quota
-// does not shrink: the lab's 0.5-CPU nodes ran the CNN 2.7x slower per step with 2 oneDNN
-// threads than with 1. `pipesgd run` sets both to 1 (torchrun sets OMP_NUM_THREADS).
-std::optional<std::string> ThreadsOverQuotaWarning(const ThreadPool& pool,
-                                                   const std::optional<CpuQuota>& quota);
+// The count a rank's library should run instead of its own, or nullopt: where the variable is
+// unset (set, the count is the user's choice) and the count exceeds the CPU quota, the quota
+// rounded up. OpenMP and OpenBLAS size their pools by the CPUs the process may run on, which a
+// quota (a container's CPU limit, cgroup v1 cfs or v2 cpu.max) does not shrink: the lab's
+// 0.5-CPU nodes ran the CNN 2.7x slower per step with 2 oneDNN threads than with 1.
+// `pipesgd run` sets both variables to 1 (torchrun sets OMP_NUM_THREADS).
+std::optional<int> ThreadsForQuota(const ThreadPool& pool, const std::optional<CpuQuota>& quota);
+// The log line for that change.
+std::string ThreadsForQuotaMessage(const ThreadPool& pool, int threads, const CpuQuota& quota);
+
+// Where OMP_NUM_THREADS (OPENBLAS_NUM_THREADS) is unset and oneDNN's (OpenBLAS's) threads
+// exceed this process's CPU quota, runs ThreadsForQuota's count instead, and logs it once per
+// process. OpenMP keeps its count per thread: BuildLayers calls this on its own thread, and a
+// thread that runs the model's oneDNN primitives besides must call it too.
+void FitThreadsToCpuQuota(const config::Model& spec);
 
 // The layers of the config in order, each built for the shape its predecessor outputs (no
 // activation memory yet; layers::Model allocates that). The config loader has checked that the

@@ -124,7 +124,7 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
                                                                       : train_cfg.pipeline_width());
   const std::unique_ptr<layers::Model> model = std::move(built.model);
   std::vector<float>& params = built.params;
-  const size_t max_batch = built.max_batch;
+  [[maybe_unused]] const size_t max_batch = built.max_batch;  // the CUDA task's
   train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size,
                              train_cfg.seed(), {data_cfg.input_mean(), data_cfg.input_std()});
   // model.device = CUDA: the same task and optimizer on the GPU (core/cuda/cuda_task.h); the

@@ -152,6 +152,24 @@ grep -q "${LAB_PREFIX}-n1 .* cpu 0.5 " <<< "$out" || { echo "$out"; fail "lab st
 cpu_s=$(head -1 "$tmp/times" | awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
 awk -v c="$cpu_s" 'BEGIN { exit !(c <= 1.0) }' || fail "a 1.5 s busy loop on a 0.5-CPU node used ${cpu_s} s of CPU"
 echo "ok: lab cpu 0.5: exec lands in the node's cgroup, quota 50000/100000, busy loop held to ${cpu_s} s CPU in 1.5 s"
+# A worker started without OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (srun, a container with a
+# CPU limit) runs one thread each on the 0.5-CPU node, where the libraries would count the
+# machine's CPUs, and says so.
+if (( $(nproc) >= 2 )); then
+  "$LAB" exec 1 env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u GOTO_NUM_THREADS RANK=0 \
+    WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 timeout 120 "$PIPESGD" worker \
+    "$SRC/configs/fashion_mnist_cnn.pbtxt" --set train.max_steps=3 --set data.test_limit=100 \
+    --set train.progress_per_epoch=0 > "$tmp/quota.log" 2>&1 \
+    || { tail -n 20 "$tmp/quota.log"; fail "a one-rank CNN job on the 0.5-CPU node"; }
+  grep -qE "OPENBLAS_NUM_THREADS is unset and OpenBLAS's matrix products would run [0-9]+ threads in this process, over its CPU quota of 0.50 CPU .*: they run 1 " "$tmp/quota.log" \
+    || { cat "$tmp/quota.log"; fail "OpenBLAS's threads not fitted to the node's 0.5 CPU"; }
+  if grep -q "convolutions and pooling on onednn" "$tmp/quota.log"; then
+    grep -qE "OMP_NUM_THREADS is unset and oneDNN's convolutions would run [0-9]+ OpenMP threads .*: they run 1 " "$tmp/quota.log" \
+      && grep -q "OpenMP, 1 thread(s)" "$tmp/quota.log" \
+      || { cat "$tmp/quota.log"; fail "oneDNN's threads not fitted to the node's 0.5 CPU"; }
+  fi
+  echo "ok: a worker on the 0.5-CPU node with the thread variables unset runs 1 thread per library"
+fi
 "$LAB" cpu none >/dev/null || fail "lab cpu none"
 [[ "$(cat "$CG/n1/cpu.cfs_quota_us")" == -1 ]] || fail "lab cpu none left quota $(cat "$CG/n1/cpu.cfs_quota_us")"
 
