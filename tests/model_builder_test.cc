@@ -2,6 +2,7 @@
 // count instead, and the setters that does it through take effect.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <thread>
 
 #include "core/job/model_builder.h"
@@ -17,6 +18,10 @@ ThreadPool OneDnn(int threads, const char* env = nullptr) {
 TEST(ThreadsForQuota, TheQuotaRoundedUpWhereTheVariableIsUnsetAndTheThreadsExceedIt) {
   EXPECT_EQ(ThreadsForQuota(OneDnn(2), CpuQuota{0.5, "q"}), 1);
   EXPECT_EQ(ThreadsForQuota(OneDnn(5), CpuQuota{4, "q"}), 4);
+  // Values the libraries ignore (libgomp warns, OpenBLAS takes 0 as unset) give no count.
+  for (const char* ignored : {"", "0", "abc", "-2"}) {
+    EXPECT_EQ(ThreadsForQuota(OneDnn(2, ignored), CpuQuota{0.5, "q"}), 1) << ignored;
+  }
   // 64 OpenBLAS threads on a 2.5-CPU pod: 3.
   EXPECT_EQ(ThreadsForQuota({"OpenBLAS's matrix products", "threads", "OPENBLAS_NUM_THREADS",
                              nullptr, 64},
@@ -27,6 +32,7 @@ TEST(ThreadsForQuota, TheQuotaRoundedUpWhereTheVariableIsUnsetAndTheThreadsExcee
 TEST(ThreadsForQuota, NothingWhereTheThreadsFitTheUserChoseOrNothingIsKnown) {
   const CpuQuota half{0.5, "q"};
   EXPECT_EQ(ThreadsForQuota(OneDnn(2, "2"), half), std::nullopt);  // the user's choice
+  EXPECT_EQ(ThreadsForQuota(OneDnn(2, "4,2"), half), std::nullopt);  // OpenMP's list form
   EXPECT_EQ(ThreadsForQuota(OneDnn(1), half), std::nullopt);       // one: nothing to gain
   EXPECT_EQ(ThreadsForQuota(OneDnn(0), half), std::nullopt);       // the count is unknown
   EXPECT_EQ(ThreadsForQuota(OneDnn(8), std::nullopt), std::nullopt);  // no quota
@@ -42,6 +48,12 @@ TEST(ThreadsForQuota, TheMessageNamesTheVariableTheCountsTheQuotaAndItsFile) {
             "(/sys/fs/cgroup/cpu/lab/n1/cpu.cfs_quota_us), where they wait for each other's time "
             "slices: they run 1 (set OMP_NUM_THREADS to choose; `pipesgd run` sets 1 where it is "
             "unset)");
+  const std::string ignored = ThreadsForQuotaMessage(OneDnn(2, "abc"), 1, CpuQuota{0.5, "q"});
+  EXPECT_EQ(ignored.rfind("OMP_NUM_THREADS='abc' is not a thread count and oneDNN's convolutions "
+                          "would run 2 OpenMP threads",
+                          0),
+            0u)
+      << ignored;
 }
 
 TEST(ThreadsForQuota, OpenBlasCountIsSetForTheProcess) {

@@ -66,9 +66,22 @@ std::once_flag cpu_kernels_logged;
 
 }  // namespace
 
+namespace {
+
+// Whether the libraries take the variable's value as a count: a positive integer first (OpenMP
+// also takes a list, "4,2"). Empty, 0 or text, they fall back to their own count.
+bool IsThreadCount(const char* value) {
+  if (value == nullptr) return false;
+  char* end = nullptr;
+  const long n = std::strtol(value, &end, 10);
+  return end != value && n > 0;
+}
+
+}  // namespace
+
 std::optional<int> ThreadsForQuota(const ThreadPool& pool, const std::optional<CpuQuota>& quota) {
   // A quota is > 0 CPU, so one thread (or an unknown count, 0) always fits.
-  if (pool.env != nullptr || !quota) return std::nullopt;
+  if (IsThreadCount(pool.env) || !quota) return std::nullopt;
   const double fit = std::ceil(quota->cpus);
   if (static_cast<double>(pool.threads) <= fit) return std::nullopt;
   return static_cast<int>(fit);
@@ -76,11 +89,12 @@ std::optional<int> ThreadsForQuota(const ThreadPool& pool, const std::optional<C
 
 std::string ThreadsForQuotaMessage(const ThreadPool& pool, int threads, const CpuQuota& quota) {
   return fmt::format(
-      "{} is unset and {} would run {} {} in this process, over its CPU quota of {:.2f} CPU "
-      "({}), where they wait for each other's time slices: they run {} (set {} to choose; "
-      "`pipesgd run` sets 1 where it is unset)",
-      pool.env_name, pool.what, pool.threads, pool.kind, quota.cpus, quota.file, threads,
-      pool.env_name);
+      "{} and {} would run {} {} in this process, over its CPU quota of {:.2f} CPU ({}), where "
+      "they wait for each other's time slices: they run {} (set {} to choose; `pipesgd run` "
+      "sets 1 where it is unset)",
+      pool.env == nullptr ? fmt::format("{} is unset", pool.env_name)
+                          : fmt::format("{}='{}' is not a thread count", pool.env_name, pool.env),
+      pool.what, pool.threads, pool.kind, quota.cpus, quota.file, threads, pool.env_name);
 }
 
 namespace {
@@ -109,10 +123,10 @@ void FitThreadsToCpuQuota(const config::Model& spec) {
     }
   }
   std::call_once(blas_threads_fitted, [] {
-    // OpenBLAS reads the first of these that is set: any of them is the user's choice.
+    // OpenBLAS reads the first of these that gives a count: that one is the user's choice.
     const char* env = std::getenv("OPENBLAS_NUM_THREADS");
     for (const char* name : {"GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
-      if (env == nullptr) env = std::getenv(name);
+      if (!IsThreadCount(env) && IsThreadCount(std::getenv(name))) env = std::getenv(name);
     }
     const ThreadPool pool{"OpenBLAS's matrix products", "threads", "OPENBLAS_NUM_THREADS", env,
                           layers::BlasThreads()};

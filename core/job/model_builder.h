@@ -42,9 +42,9 @@ struct ThreadPool {
   int threads;           // the count the library reports; 0 where it cannot say
 };
 
-// The count a rank's library should run instead of its own, or nullopt: where the variable is
-// unset (set, the count is the user's choice) and the count exceeds the CPU quota, the quota
-// rounded up. OpenMP and OpenBLAS size their pools by the CPUs the process may run on, which a
+// The count a rank's library should run instead of its own, or nullopt: where the variable
+// gives no count (unset, empty, 0 or text, which the libraries ignore; a count is the user's
+// choice) and the library's count exceeds the CPU quota, the quota rounded up. OpenMP and OpenBLAS size their pools by the CPUs the process may run on, which a
 // quota (a container's CPU limit, cgroup v1 cfs or v2 cpu.max) does not shrink: the lab's
 // 0.5-CPU nodes ran the CNN 2.7x slower per step with 2 oneDNN threads than with 1.
 // `pipesgd run` sets both variables to 1 (torchrun sets OMP_NUM_THREADS).
