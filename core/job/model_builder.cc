@@ -126,7 +126,9 @@ void FitThreadsToCpuQuota(const config::Model& spec) {
     // OpenBLAS reads the first of these that gives a count: that one is the user's choice.
     const char* env = std::getenv("OPENBLAS_NUM_THREADS");
     for (const char* name : {"GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
-      if (!IsThreadCount(env) && IsThreadCount(std::getenv(name))) env = std::getenv(name);
+      if (const char* value = std::getenv(name); !IsThreadCount(env) && IsThreadCount(value)) {
+        env = value;
+      }
     }
     const ThreadPool pool{"OpenBLAS's matrix products", "threads", "OPENBLAS_NUM_THREADS", env,
                           layers::BlasThreads()};

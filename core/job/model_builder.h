@@ -44,18 +44,20 @@ struct ThreadPool {
 
 // The count a rank's library should run instead of its own, or nullopt: where the variable
 // gives no count (unset, empty, 0 or text, which the libraries ignore; a count is the user's
-// choice) and the library's count exceeds the CPU quota, the quota rounded up. OpenMP and OpenBLAS size their pools by the CPUs the process may run on, which a
-// quota (a container's CPU limit, cgroup v1 cfs or v2 cpu.max) does not shrink: the lab's
-// 0.5-CPU nodes ran the CNN 2.7x slower per step with 2 oneDNN threads than with 1.
-// `pipesgd run` sets both variables to 1 (torchrun sets OMP_NUM_THREADS).
+// choice) and the library's count exceeds the CPU quota, the quota rounded up. OpenMP and
+// OpenBLAS size their pools by the CPUs the process may run on, which a quota (a container's
+// CPU limit, cgroup v1 cfs or v2 cpu.max) does not shrink: the lab's 0.5-CPU nodes ran the CNN
+// 2.7x slower per step with 2 oneDNN threads than with 1. `pipesgd run` sets both variables to
+// 1 (torchrun sets OMP_NUM_THREADS).
 std::optional<int> ThreadsForQuota(const ThreadPool& pool, const std::optional<CpuQuota>& quota);
 // The log line for that change.
 std::string ThreadsForQuotaMessage(const ThreadPool& pool, int threads, const CpuQuota& quota);
 
-// Where OMP_NUM_THREADS (OPENBLAS_NUM_THREADS) is unset and oneDNN's (OpenBLAS's) threads
-// exceed this process's CPU quota, runs ThreadsForQuota's count instead, and logs it once per
-// process. OpenMP keeps its count per thread: BuildLayers calls this on its own thread, and a
-// thread that runs the model's oneDNN primitives besides must call it too.
+// Where OMP_NUM_THREADS (for OpenBLAS: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS)
+// gives no count and oneDNN's (OpenBLAS's) threads exceed this process's CPU quota, runs
+// ThreadsForQuota's count instead, and logs it once per process. OpenMP keeps its count per
+// thread: BuildLayers calls this on its own thread, and a thread that runs the model's oneDNN
+// primitives besides must call it too.
 void FitThreadsToCpuQuota(const config::Model& spec);
 
 // The layers of the config in order, each built for the shape its predecessor outputs (no
