@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "core/base/cpu_quota.h"
 #include "core/base/error.h"
+#include "core/job/model_builder.h"
 #include "layers/layer.h"
 #include "layers/model.h"
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
@@ -51,6 +53,9 @@ std::string InfoReport() {
                          ? "; threads of this process: `pipesgd run` gives each rank 1 "
                            "unless OMP_NUM_THREADS is set"
                          : "");
+  out += fmt::format("threads: {}\n",
+                     job::ThreadFittingDescription(ProcessCpuQuota(), job::OneDnnThreadPool(),
+                                                   job::BlasThreadPool()));
   return out;
 }
 

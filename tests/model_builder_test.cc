@@ -56,6 +56,27 @@ TEST(ThreadsForQuota, TheMessageNamesTheVariableTheCountsTheQuotaAndItsFile) {
       << ignored;
 }
 
+TEST(ThreadsForQuota, InfoDescribesTheQuotaAndTheCountsAWorkerWouldRun) {
+  const ThreadPool blas_set{"OpenBLAS's matrix products", "threads", "OPENBLAS_NUM_THREADS", "1",
+                            1};
+  EXPECT_EQ(ThreadFittingDescription(CpuQuota{0.5, "q"}, OneDnn(2), blas_set),
+            "CPU quota 0.50 CPU (q); a worker started here runs oneDNN's convolutions: OpenMP "
+            "threads 1, fitted (OMP_NUM_THREADS is unset; the library counts 2); OpenBLAS's "
+            "matrix products: threads 1 (OPENBLAS_NUM_THREADS=1)");
+  EXPECT_EQ(ThreadFittingDescription(CpuQuota{2.5, "q"}, OneDnn(2, "abc"), OneDnn(0)),
+            "CPU quota 2.50 CPU (q); a worker started here runs oneDNN's convolutions: OpenMP "
+            "threads 2 (within the quota); oneDNN's convolutions: OpenMP threads not known");
+  EXPECT_EQ(ThreadFittingDescription(CpuQuota{0.3, "q"}, OneDnn(4, "0"), OneDnn(2, "2")),
+            "CPU quota 0.30 CPU (q); a worker started here runs oneDNN's convolutions: OpenMP "
+            "threads 1, fitted (OMP_NUM_THREADS='0' is no count; the library counts 4); oneDNN's "
+            "convolutions: OpenMP threads 2 (OMP_NUM_THREADS=2)");
+  // A quota below 0.005 CPU does not read 0.00.
+  const std::string tiny = ThreadsForQuotaMessage(OneDnn(2), 1, CpuQuota{0.001, "q"});
+  EXPECT_NE(tiny.find("over its CPU quota of 0.001 CPU (q)"), std::string::npos) << tiny;
+  EXPECT_EQ(ThreadFittingDescription(std::nullopt, OneDnn(2), blas_set),
+            "no CPU quota on this process: the libraries' own thread counts hold");
+}
+
 TEST(ThreadsForQuota, OpenBlasCountIsSetForTheProcess) {
   const int before = layers::BlasThreads();
   if (before == 0) GTEST_SKIP() << "this BLAS cannot say its thread count";

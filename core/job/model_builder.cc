@@ -87,14 +87,21 @@ std::optional<int> ThreadsForQuota(const ThreadPool& pool, const std::optional<C
   return static_cast<int>(fit);
 }
 
+namespace {
+// "0.50": two decimals, more where that would read 0 (a quota of 1 ms per second: "0.001").
+std::string Cpus(double cpus) {
+  return cpus >= 0.005 ? fmt::format("{:.2f}", cpus) : fmt::format("{:.2g}", cpus);
+}
+}  // namespace
+
 std::string ThreadsForQuotaMessage(const ThreadPool& pool, int threads, const CpuQuota& quota) {
   return fmt::format(
-      "{} and {} would run {} {} in this process, over its CPU quota of {:.2f} CPU ({}), where "
+      "{} and {} would run {} {} in this process, over its CPU quota of {} CPU ({}), where "
       "they wait for each other's time slices: they run {} (set {} to choose; `pipesgd run` "
       "sets 1 where it is unset)",
       pool.env == nullptr ? fmt::format("{} is unset", pool.env_name)
                           : fmt::format("{}='{}' is not a thread count", pool.env_name, pool.env),
-      pool.what, pool.threads, pool.kind, quota.cpus, quota.file, threads, pool.env_name);
+      pool.what, pool.threads, pool.kind, Cpus(quota.cpus), quota.file, threads, pool.env_name);
 }
 
 namespace {
@@ -110,11 +117,48 @@ const std::optional<CpuQuota>& Quota() {
 
 }  // namespace
 
+ThreadPool OneDnnThreadPool() {
+  return {"oneDNN's convolutions", "OpenMP threads", "OMP_NUM_THREADS",
+          std::getenv("OMP_NUM_THREADS"), layers::OneDnnThreads()};
+}
+
+ThreadPool BlasThreadPool() {
+  // OpenBLAS reads the first of these that gives a count: that one is the user's choice.
+  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+  for (const char* name : {"GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (const char* value = std::getenv(name); !IsThreadCount(env) && IsThreadCount(value)) {
+      env = value;
+    }
+  }
+  return {"OpenBLAS's matrix products", "threads", "OPENBLAS_NUM_THREADS", env,
+          layers::BlasThreads()};
+}
+
+std::string ThreadFittingDescription(const std::optional<CpuQuota>& quota,
+                                     const ThreadPool& onednn, const ThreadPool& blas) {
+  if (!quota) return "no CPU quota on this process: the libraries' own thread counts hold";
+  const auto line = [&](const ThreadPool& pool) {
+    if (pool.threads == 0) return fmt::format("{}: {} not known", pool.what, pool.kind);
+    if (const auto threads = ThreadsForQuota(pool, quota)) {
+      return fmt::format("{}: {} {}, fitted ({}; the library counts {})", pool.what, pool.kind,
+                         *threads,
+                         pool.env == nullptr ? fmt::format("{} is unset", pool.env_name)
+                                             : fmt::format("{}='{}' is no count", pool.env_name,
+                                                           pool.env),
+                         pool.threads);
+    }
+    return fmt::format("{}: {} {} ({})", pool.what, pool.kind, pool.threads,
+                       IsThreadCount(pool.env) ? fmt::format("{}={}", pool.env_name, pool.env)
+                                               : std::string("within the quota"));
+  };
+  return fmt::format("CPU quota {} CPU ({}); a worker started here runs {}; {}", Cpus(quota->cpus),
+                     quota->file, line(onednn), line(blas));
+}
+
 void FitThreadsToCpuQuota(const config::Model& spec) {
   if (spec.device() != config::Model::CPU) return;
   if (HasSpatialLayers(spec) && CpuKernels(spec) == layers::CpuKernels::kOneDnn) {
-    const ThreadPool pool{"oneDNN's convolutions", "OpenMP threads", "OMP_NUM_THREADS",
-                          std::getenv("OMP_NUM_THREADS"), layers::OneDnnThreads()};
+    const ThreadPool pool = OneDnnThreadPool();
     if (const auto threads = ThreadsForQuota(pool, Quota());
         threads && layers::SetOneDnnThreads(*threads)) {
       std::call_once(onednn_threads_logged, [&] {
@@ -123,15 +167,7 @@ void FitThreadsToCpuQuota(const config::Model& spec) {
     }
   }
   std::call_once(blas_threads_fitted, [] {
-    // OpenBLAS reads the first of these that gives a count: that one is the user's choice.
-    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
-    for (const char* name : {"GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
-      if (const char* value = std::getenv(name); !IsThreadCount(env) && IsThreadCount(value)) {
-        env = value;
-      }
-    }
-    const ThreadPool pool{"OpenBLAS's matrix products", "threads", "OPENBLAS_NUM_THREADS", env,
-                          layers::BlasThreads()};
+    const ThreadPool pool = BlasThreadPool();
     if (const auto threads = ThreadsForQuota(pool, Quota());
         threads && layers::SetBlasThreads(*threads)) {
       PSGD_LOG_INFO("{}", ThreadsForQuotaMessage(pool, *threads, *Quota()));

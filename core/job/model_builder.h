@@ -53,6 +53,15 @@ std::optional<int> ThreadsForQuota(const ThreadPool& pool, const std::optional<C
 // The log line for that change.
 std::string ThreadsForQuotaMessage(const ThreadPool& pool, int threads, const CpuQuota& quota);
 
+// oneDNN's and OpenBLAS's pools in this process, with the variable that sets each (OpenBLAS's:
+// the first of OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS that gives a count).
+ThreadPool OneDnnThreadPool();
+ThreadPool BlasThreadPool();
+// For `pipesgd info`: a process's CPU quota and the thread counts a worker started there would
+// run (FitThreadsToCpuQuota's), or that there is no quota.
+std::string ThreadFittingDescription(const std::optional<CpuQuota>& quota,
+                                     const ThreadPool& onednn, const ThreadPool& blas);
+
 // Where OMP_NUM_THREADS (for OpenBLAS: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS)
 // gives no count and oneDNN's (OpenBLAS's) threads exceed this process's CPU quota, runs
 // ThreadsForQuota's count instead, and logs it once per process. OpenMP keeps its count per

@@ -169,6 +169,12 @@ if (( $(nproc) >= 2 )); then
       || { cat "$tmp/quota.log"; fail "oneDNN's threads not fitted to the node's 0.5 CPU"; }
   fi
   echo "ok: a worker on the 0.5-CPU node with the thread variables unset runs 1 thread per library"
+  # `pipesgd info` there says what such a worker runs.
+  "$LAB" exec 1 env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u GOTO_NUM_THREADS \
+    "$PIPESGD" info > "$tmp/info.log" 2>&1 || { cat "$tmp/info.log"; fail "pipesgd info on node 1"; }
+  grep -qE "^threads: CPU quota 0.50 CPU .*OpenBLAS's matrix products: threads 1, fitted \(OPENBLAS_NUM_THREADS is unset" \
+    "$tmp/info.log" || { cat "$tmp/info.log"; fail "pipesgd info on the 0.5-CPU node: no fitted thread counts"; }
+  echo "ok: pipesgd info on the 0.5-CPU node names the quota and the fitted counts"
 fi
 "$LAB" cpu none >/dev/null || fail "lab cpu none"
 [[ "$(cat "$CG/n1/cpu.cfs_quota_us")" == -1 ]] || fail "lab cpu none left quota $(cat "$CG/n1/cpu.cfs_quota_us")"
