@@ -15,7 +15,9 @@
 # over the rounds of its prediction against its run. Then the confirmation: the model's best row
 # (the one most rounds chose) and the TOP fastest measured, CONFIRM times each in turn; the
 # model's best against the measured best compares medians of those runs. Time per iteration =
-# (train_wall_s - eval_s) / steps from summary.json. Raw lines (with their stage, rows or
+# summary.json's steady_step_s: the steps after the warm-up (train.sync_warmup_steps and 10
+# more), what the model predicts; a job's first steps (fresh connections in slow start, first
+# allocations) are not iterations of the kind it models. Raw lines (with their stage, rows or
 # confirm, and round) go to docs/results/model_check/WHERE.jsonl; WHERE.txt keeps the first
 # round's model, the inputs and best of the others, and the table.
 set -euo pipefail
@@ -86,7 +88,8 @@ d = json.load(open(sys.argv[1]))
 print(json.dumps({"where": sys.argv[2], "scheme": sys.argv[3], "codec": sys.argv[4],
                   "chunk_bytes": int(sys.argv[5]), "rep": sys.argv[6],
                   "predicted_s": float(sys.argv[7]), "stage": sys.argv[8],
-                  "s_per_step": (d["train_wall_s"] - d["eval_s"]) / d["steps"]}))
+                  "s_per_step": d["steady_step_s"],
+                  "whole_run_s_per_step": d["train_wall_s"] / d["steps"]}))
 PY
 }
 

@@ -60,12 +60,15 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
     std::vector<double> compute;
     std::vector<ByChunk> allreduce(codecs.size());  // by codec (codecs[0]: none), by chunk size
     std::vector<double> sync_step, pipe_step, fast_sync_step, fast_pipe_step;
+    std::vector<double> other_sync_step, other_pipe_step;  // the fast codec at its other chunk
     for (const auto& r : per_rank) {
       compute.push_back(r.at("compute_s").get<double>());
       for (auto [key, steps] : {std::pair{"sync_step_s", &sync_step},
                                 std::pair{"pipe_step_s", &pipe_step},
                                 std::pair{"fast_sync_step_s", &fast_sync_step},
-                                std::pair{"fast_pipe_step_s", &fast_pipe_step}}) {
+                                std::pair{"fast_pipe_step_s", &fast_pipe_step},
+                                std::pair{"fast_other_sync_step_s", &other_sync_step},
+                                std::pair{"fast_other_pipe_step_s", &other_pipe_step}}) {
         if (r.contains(key)) steps->push_back(r.at(key).get<double>());
       }
       if (r.contains("allreduce_s")) add_times(r.at("allreduce_s"), allreduce[0]);
@@ -119,6 +122,11 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
       if (codec != codecs.end()) {
         step_line(fast, "fast_codec", *codec, fast_sync_step, 1);
         step_line(fast, "fast_codec", *codec, fast_pipe_step, 2);
+        if (probe.contains("fast_codec_other_chunk")) {
+          const auto& other = probe.at("fast_codec_other_chunk");
+          step_line(other, "fast_codec_other_chunk", *codec, other_sync_step, 1);
+          step_line(other, "fast_codec_other_chunk", *codec, other_pipe_step, 2);
+        }
       }
     }
   } catch (const nlohmann::json::exception& e) {
@@ -170,7 +178,12 @@ void RunModel(const ModelArgs& a) {
       in.fast_allreduce_s = j.value("fast_allreduce_s", 0.0);
       in.fast_sync_overhead_s = j.value("fast_sync_overhead_s", 0.0);
       in.fast_pipe_overhead_s = j.value("fast_pipe_overhead_s", 0.0);
+      // Earlier probes: no per-chunk cost.
+      in.overhead_chunks_per_block = j.value("overhead_chunks_per_block", 0.0);
+      in.sync_overhead_per_chunk_s = j.value("sync_overhead_per_chunk_s", 0.0);
+      in.pipe_overhead_per_chunk_s = j.value("pipe_overhead_per_chunk_s", 0.0);
       in.big_message_cpu_s_per_byte = j.value("big_message_cpu_s_per_byte", 0.0);
+      in.loopback = j.value("loopback", false);  // earlier probes: links
       in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
       for (const auto& c : j.at("codecs")) {
         codecs.push_back({c.at("name").get<std::string>(), c.at("ratio").get<double>(),
@@ -198,6 +211,8 @@ void RunModel(const ModelArgs& a) {
   if (a.latency_s >= 0) in.latency_s = a.latency_s;
   if (a.link_rate_bps > 0) in.bandwidth_Bps = a.link_rate_bps / 8;
   if (a.bandwidth_Bps > 0) in.bandwidth_Bps = a.bandwidth_Bps;
+  // A bandwidth given by hand is a link's: the PS schemes take it, not the loopback CPU.
+  if (a.link_rate_bps > 0 || a.bandwidth_Bps > 0) in.loopback = false;
   if (a.compute_s >= 0) in.compute_s = a.compute_s;
   if (a.update_s >= 0) in.update_s = a.update_s;
   if (a.pipelined_update_s >= 0) in.pipelined_update_s = a.pipelined_update_s;
@@ -257,6 +272,9 @@ void RunModel(const ModelArgs& a) {
       {"pipelined_update_s", in.pipelined_update_s},
       {"overhead_allreduce_s", in.overhead_allreduce_s},
       {"fast_allreduce_s", in.fast_allreduce_s},
+      {"overhead_chunks_per_block", in.overhead_chunks_per_block},
+      {"sync_overhead_per_chunk_s", in.sync_overhead_per_chunk_s},
+      {"pipe_overhead_per_chunk_s", in.pipe_overhead_per_chunk_s},
       {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
       {"transport_cpu_s_per_byte", in.transport_cpu_s_per_byte},
       {"transport_cpu_s_per_message", in.transport_cpu_s_per_message}};
@@ -351,12 +369,22 @@ void RunModel(const ModelArgs& a) {
                 in.fast_sync_overhead_s * 1e3, in.fast_pipe_overhead_s * 1e3,
                 in.fast_allreduce_s * 1e3);
   }
+  if (in.workers > 1 && in.overhead_chunks_per_block > 0) {
+    std::printf("# a step's chunk messages beyond the AllReduce alone: %.1f us (width 1) and "
+                "%.1f us (width 2) per chunk per ring block beyond %.0f\n",
+                in.sync_overhead_per_chunk_s * 1e6, in.pipe_overhead_per_chunk_s * 1e6,
+                in.overhead_chunks_per_block);
+  }
   if (in.workers == 1) {
     std::printf("# one worker: no AllReduce and no parameter server; each row is compute and "
                 "update alone\n");
   }
   if (in.compute_cpu_share <= 0 && in.workers > 1) {
     std::printf("# no CPU shares (a probe of an earlier version, or none): no CPU bound\n");
+  } else if (in.loopback && in.workers > 1) {
+    std::printf("# loopback (the probe's ranks share a host): the PS schemes' server moves its "
+                "bytes at the CPU it gets, %.3f ns per byte in whole-model messages, not at B\n",
+                in.big_message_cpu_s_per_byte * 1e9);
   }
   // Each row next to what it is made of: C + U, the communication, and for the ring schemes
   // T_AR's terms (docs/timing_models.md) with the one that sets it; "vs none" is what the
@@ -435,7 +463,11 @@ void RunModel(const ModelArgs& a) {
                         {"fast_allreduce_s", in.fast_allreduce_s},
                         {"fast_sync_overhead_s", in.fast_sync_overhead_s},
                         {"fast_pipe_overhead_s", in.fast_pipe_overhead_s},
+                        {"overhead_chunks_per_block", in.overhead_chunks_per_block},
+                        {"sync_overhead_per_chunk_s", in.sync_overhead_per_chunk_s},
+                        {"pipe_overhead_per_chunk_s", in.pipe_overhead_per_chunk_s},
                         {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
+                        {"loopback", in.loopback},
                         {"reduce_s_per_byte", in.reduce_s_per_byte},
                         {"chunk_overhead_s", in.chunk_overhead_s},
                         {"contention", in.contention},

@@ -36,21 +36,29 @@ inline constexpr int kPipeStep = 22;
 inline constexpr const char* kProbeCodecs[] = {"trunc16", "fp16", "q8", "q4", "sign1"};
 inline constexpr int kNumProbeCodecs = 5;
 inline constexpr int kCodecAllReduce = 23;
-// The codec whose AllReduce at kMidChunk is fastest (an index into kProbeCodecs, the same on
+// The codec whose AllReduce at StepChunk is fastest (an index into kProbeCodecs, the same on
 // every rank), and real width-1 and width-2 steps with it: sigma where the AllReduce is short.
 inline constexpr int kFastCodec = kCodecAllReduce + 4 * kNumProbeCodecs;
 inline constexpr int kFastSyncStep = kFastCodec + 1;
 inline constexpr int kFastPipeStep = kFastCodec + 2;
-inline constexpr int kFields = kFastCodec + 3;
+// 1 where this rank's ring connections are on a loopback address: no link, the kernel's copies
+// on the ranks' own cores move the bytes (the PS schemes' server then costs CPU, not a link).
+inline constexpr int kLoopback = kFastCodec + 3;
+// The fast codec's width-1 and width-2 steps at the other timed chunk size (kMidChunk where
+// StepChunk is kLargeChunk, and the reverse): what a step's chunk messages cost beyond the
+// AllReduce alone, per chunk per ring block.
+inline constexpr int kFastSyncStepOther = kFastCodec + 4;
+inline constexpr int kFastPipeStepOther = kFastCodec + 5;
+inline constexpr int kFields = kFastCodec + 6;
 constexpr int CodecField(int codec, bool large, bool cpu) {
   return kCodecAllReduce + 4 * codec + 2 * static_cast<int>(large) + static_cast<int>(cpu);
 }
 // About how long the overlapped AllReduces run (seconds), in calls every rank agrees on.
 inline constexpr double kOverlapBudgetS = 0.5;
-// Real steps of each width without a codec and with the fast one, in kStepRounds rounds of the
-// four in turn, each about kSyncBudgetS / kStepRounds: the median round of each counts (one
-// round of 0.4 s per width read sigma 0.63 and 1.64 ms in two probes minutes apart on the
-// unshaped lab).
+// Real steps of each width without a codec and with the fast one (at two chunk sizes), in
+// kStepRounds rounds of the six in turn, each about kSyncBudgetS / kStepRounds: the median round
+// of each counts (one round of 0.4 s per width read sigma 0.63 and 1.64 ms in two probes minutes
+// apart on the unshaped lab).
 inline constexpr double kSyncBudgetS = 0.4;
 inline constexpr int kStepRounds = 3;
 // The ring's per-chunk cost shows only in a real AllReduce with many chunks (a wake-up, a header,
@@ -60,6 +68,17 @@ inline constexpr uint64_t kSmallChunk = 4096;
 inline constexpr uint64_t kMidChunk = 64u << 10;
 inline constexpr uint64_t kLargeChunk = 16u << 20;
 inline constexpr uint64_t kTimedChunks[] = {kSmallChunk, kMidChunk, kLargeChunk};
+// The chunk size of the real steps (sigma, sigma_2): kLargeChunk where the job's chunk size (its
+// config's; where auto, the default's) holds a whole ring block, as for the MLP on 4 ranks, else
+// kMidChunk. A step's chunk messages cost more than the AllReduce alone shows (1 Gbit/s and
+// 100 Mbit/s labs: jobs at 4 chunks per block 0.2-1.6 ms slower per step than at 1, where the
+// AllReduce alone differs by 0.1-0.5 ms), so the steps are timed as the job will cut the model.
+inline uint64_t StepChunk(const config::Job& job, size_t params, int world_size) {
+  const int64_t configured = job.comm().chunk_bytes();
+  const uint64_t chunk = configured > 0 ? static_cast<uint64_t>(configured)
+                                        : static_cast<uint64_t>(config::Comm().chunk_bytes());
+  return chunk * static_cast<uint64_t>(world_size) >= 4 * params ? kLargeChunk : kMidChunk;
+}
 inline constexpr int kAllReduceReps = 10;
 
 // What the ring measurements need of the probe: the job, this rank's place, the model and its

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include <fmt/format.h>
@@ -21,6 +22,12 @@
 namespace pipesgd::launcher::probe {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+bool IsLoopbackAddress(const std::string& address) {
+  return address.starts_with("127.") || address == "::1";
+}
+}  // namespace
 
 std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine) {
   const job::JobEnv& env = in.env;
@@ -43,6 +50,7 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
     }
     Throw(ErrorCode::kInternal, "probe: no connection to rank {}", peer);
   };
+  mine[kLoopback] = IsLoopbackAddress(links.data_address) ? 1.0 : 0.0;
   transport::Connection& right = conn((r + 1) % w);
   transport::Connection& left = conn((r + w - 1) % w);
   Prober prober(*links.transport, job.comm().timeout_s());
@@ -167,22 +175,24 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
     mine[kOverlapCompute] =
         overlapped_steps > 0 ? compute_window_s / static_cast<double>(overlapped_steps) : 0;
 
-    // Real width-1 and width-2 steps (the job's trainer, its communication thread, kMidChunk
+    // Real width-1 and width-2 steps (the job's trainer, its communication thread, StepChunk's
     // chunks) on a scratch copy, without a codec and with the one whose AllReduce is fastest
     // (sigma shrinks as the AllReduce grows: a late rank's lag hides in a long one). What they
     // take beyond C + U + T_AR is the model's sigma. The codec and the step counts, as the
     // call count above, from an AllReduce: the same on every rank.
+    const uint64_t step_chunk = StepChunk(job, p, w);
+    const bool large = step_chunk == kLargeChunk;
     std::vector<float> agreed(2 + kNumProbeCodecs);
     for (int c = 0; c < kNumProbeCodecs; ++c) {
-      agreed[2 + c] = static_cast<float>(mine[CodecField(c, false, false)]);
+      agreed[2 + c] = static_cast<float>(mine[CodecField(c, large, false)]);
     }
     ring->AllReduce(agreed, collective::ReduceOp::kAverage,
                     Deadline::After(job.comm().timeout_s()));
     const int fast = static_cast<int>(
         std::min_element(agreed.begin() + 2, agreed.end()) - (agreed.begin() + 2));
     mine[kFastCodec] = fast;
-    agreed[0] = static_cast<float>(compute_s + update_s + mine[8]);
-    agreed[1] = static_cast<float>(compute_s + update_s + mine[CodecField(fast, false, false)]);
+    agreed[0] = static_cast<float>(compute_s + update_s + mine[large ? 9 : 8]);
+    agreed[1] = static_cast<float>(compute_s + update_s + mine[CodecField(fast, large, false)]);
     ring->AllReduce(agreed, collective::ReduceOp::kAverage,
                     Deadline::After(job.comm().timeout_s()));
     const auto steps_for = [&](float estimate) {
@@ -191,17 +201,20 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
           50);
     };
     const int sync_steps = steps_for(agreed[0]), fast_steps = steps_for(agreed[1]);
-    collective::CommunicatorOptions mid_options;
-    mid_options.chunk_bytes = kMidChunk;
-    auto mid_ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left}, {&right},
-                                                                  mid_options);
+    collective::CommunicatorOptions step_options;
+    step_options.chunk_bytes = step_chunk;
+    auto step_ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left},
+                                                                   {&right}, step_options);
     collective::CommunicatorOptions fast_options = job::CommunicatorOptionsFromConfig(job);
-    fast_options.chunk_bytes = kMidChunk;
+    fast_options.chunk_bytes = step_chunk;
     fast_options.streams = 1;
     fast_options.codec.kind = ParseCodecKind(kProbeCodecs[fast]);
     fast_options.compression_min_bytes = 0;
     auto fast_ring = collective::Communicator::CreateOnConnections(shared, r, w, {&left},
                                                                    {&right}, fast_options);
+    fast_options.chunk_bytes = large ? kMidChunk : kLargeChunk;
+    auto fast_other_ring = collective::Communicator::CreateOnConnections(
+        shared, r, w, {&left}, {&right}, fast_options);
     std::vector<float> scratch(params);
     train::SgdOptimizer scratch_sgd(
         {train_cfg.learning_rate(), train_cfg.momentum(), train_cfg.weight_decay()}, p);
@@ -225,17 +238,21 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
     };
     // In turn, so that none takes all of a slow moment, nor pays alone for what warms up
     // first.
-    std::vector<double> rounds[4];
+    std::vector<double> rounds[6];
     for (int round = 0; round < kStepRounds; ++round) {
-      rounds[0].push_back(time_steps(*mid_ring, sync_steps, 1));
-      rounds[1].push_back(time_steps(*mid_ring, sync_steps, 2));
+      rounds[0].push_back(time_steps(*step_ring, sync_steps, 1));
+      rounds[1].push_back(time_steps(*step_ring, sync_steps, 2));
       rounds[2].push_back(time_steps(*fast_ring, fast_steps, 1));
       rounds[3].push_back(time_steps(*fast_ring, fast_steps, 2));
+      rounds[4].push_back(time_steps(*fast_other_ring, fast_steps, 1));
+      rounds[5].push_back(time_steps(*fast_other_ring, fast_steps, 2));
     }
     mine[kSyncStep] = Median(rounds[0]);
     mine[kPipeStep] = Median(rounds[1]);
     mine[kFastSyncStep] = Median(rounds[2]);
     mine[kFastPipeStep] = Median(rounds[3]);
+    mine[kFastSyncStepOther] = Median(rounds[4]);
+    mine[kFastPipeStepOther] = Median(rounds[5]);
   }
   // Gather every rank's numbers at rank 0: one pass around the ring.
   const size_t bytes = all.size() * sizeof(double);

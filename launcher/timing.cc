@@ -205,7 +205,10 @@ void RunProbe(const ProbeArgs& args) {
                         {"pipe_step_s", v[kPipeStep]},
                         {"fast_sync_step_s", v[kFastSyncStep]},
                         {"fast_pipe_step_s", v[kFastPipeStep]},
+                        {"fast_other_sync_step_s", v[kFastSyncStepOther]},
+                        {"fast_other_pipe_step_s", v[kFastPipeStepOther]},
                         {"reduce_s_per_byte", v[5]},
+                        {"loopback", v[kLoopback] == 1.0},
                         {"cpu", {{"compute_share", v[kComputeCpuShare]},
                                  {"share", v[kCpuShare]},
                                  {"overlap_compute_s", v[kOverlapComputeCpu]},
@@ -236,14 +239,17 @@ void RunProbe(const ProbeArgs& args) {
   std::vector<double> compute_by_rank;
   double allreduce_small = 0, allreduce_mid = 0, allreduce_large = 0;  // the slowest rank's
   double overlap_compute = 0, overlap_allreduce = 0;                    // the slowest rank's
-  double sync_step = 0;  // the slowest rank's width-1 step (kMidChunk)
+  double sync_step = 0;  // the slowest rank's width-1 step (StepChunk's chunks)
   double pipe_step = 0;  // and width-2 step
   double fast_sync_step = 0, fast_pipe_step = 0;  // the same with the fast codec
+  double fast_sync_step_other = 0, fast_pipe_step_other = 0;  // and at the other chunk size
   // The CPU shares of the rank that computes slowest (they go with its C); the AllReduce's CPU
   // time per call, the median over ranks (small, mid, large chunks).
   double compute_cpu_share = 0, cpu_share = 0;
   // CPU per byte sent in messages of the whole model (as the PS schemes send), median over ranks.
   double big_message_cpu = 0;
+  // Every rank's ring connections on a loopback address: one host, no link between the ranks.
+  bool loopback = env.world_size > 1;
   std::vector<double> cpu_allreduce(3, 0.0);
   {
     std::vector<double> rho, ovh, exchange_cpu;
@@ -255,6 +261,7 @@ void RunProbe(const ProbeArgs& args) {
       ovh.push_back(all[kFields * r + 2]);
       rho.push_back(all[kFields * r + 5]);
       exchange_cpu.push_back(all[kFields * r + kExchangeCpu]);
+      loopback = loopback && all[kFields * r + kLoopback] == 1.0;
       compute_by_rank.push_back(all[kFields * r + 3]);
       allreduce_small = std::max(allreduce_small, all[kFields * r + 7]);
       allreduce_mid = std::max(allreduce_mid, all[kFields * r + 8]);
@@ -265,6 +272,8 @@ void RunProbe(const ProbeArgs& args) {
       pipe_step = std::max(pipe_step, all[kFields * r + kPipeStep]);
       fast_sync_step = std::max(fast_sync_step, all[kFields * r + kFastSyncStep]);
       fast_pipe_step = std::max(fast_pipe_step, all[kFields * r + kFastPipeStep]);
+      fast_sync_step_other = std::max(fast_sync_step_other, all[kFields * r + kFastSyncStepOther]);
+      fast_pipe_step_other = std::max(fast_pipe_step_other, all[kFields * r + kFastPipeStepOther]);
     }
     overhead = Median(ovh);
     reduce = Median(rho);
@@ -338,9 +347,21 @@ void RunProbe(const ProbeArgs& args) {
   // many chunks and with few; with the shares, the model's CPU bound.
   train::TransportCpu transport_cpu;
   double sync_overhead = 0, pipe_overhead = 0, fast_sync_overhead = 0, fast_pipe_overhead = 0;
-  // Each codec as fitted, and its AllReduce at kMidChunk as timed (the slowest rank's).
+  // The fast codec's steps at the other chunk size: its sigmas there, and the per-chunk cost.
+  double other_sync_overhead = 0, other_pipe_overhead = 0;
+  double sync_per_chunk = 0, pipe_per_chunk = 0;
+  // Each codec as fitted, and its AllReduce at the steps' chunk size as timed (the slowest
+  // rank's).
   std::vector<train::CodecCost> fitted(kNumProbeCodecs);
-  std::vector<double> codec_mid(kNumProbeCodecs, 0.0);
+  std::vector<double> codec_step(kNumProbeCodecs, 0.0), codec_other(kNumProbeCodecs, 0.0);
+  const uint64_t step_chunk = StepChunk(job, p, env.world_size);
+  const uint64_t other_chunk = step_chunk == kLargeChunk ? kMidChunk : kLargeChunk;
+  // Chunks per ring block at each.
+  const auto chunks_per_block = [&](uint64_t chunk) {
+    return std::ceil(4.0 * p / env.world_size / static_cast<double>(chunk));
+  };
+  const double m_step = chunks_per_block(step_chunk), m_other = chunks_per_block(other_chunk);
+  const double allreduce_step = step_chunk == kLargeChunk ? allreduce_large : allreduce_mid;
   const int fast = static_cast<int>(all[kFastCodec]);  // the same on every rank
   if (env.world_size > 1) {
     fit_in.compute_cpu_share = compute_cpu_share;  // the reduction's CPU is s_c of its wall time
@@ -375,7 +396,8 @@ void RunProbe(const ProbeArgs& args) {
       const train::CodecCost fit =
           train::FitCodec(fit_in, kProbeCodecs[c], entry["ratio"].get<double>(), timed);
       fitted[c] = fit;
-      codec_mid[c] = timed[0].seconds;
+      codec_step[c] = timed[step_chunk == kLargeChunk ? 1 : 0].seconds;
+      codec_other[c] = timed[step_chunk == kLargeChunk ? 0 : 1].seconds;
       entry["s_per_byte"] = fit.s_per_byte;
       entry["cpu_s_per_byte"] = fit.cpu_s_per_byte.value_or(0);
       entry["s_per_chunk"] = fit.s_per_chunk;
@@ -401,16 +423,20 @@ void RunProbe(const ProbeArgs& args) {
     fit_in.compute_s = compute;
     fit_in.update_s = update;
     fit_in.cpu_share = cpu_share;
-    sync_overhead =
-        train::FitSyncOverhead(fit_in, train::CodecCost{}, kMidChunk, allreduce_mid, sync_step);
-    fast_sync_overhead = train::FitSyncOverhead(fit_in, fitted[fast], kMidChunk, codec_mid[fast],
-                                                fast_sync_step);
+    sync_overhead = train::FitSyncOverhead(fit_in, train::CodecCost{}, double(step_chunk),
+                                           allreduce_step, sync_step);
+    fast_sync_overhead = train::FitSyncOverhead(fit_in, fitted[fast], double(step_chunk),
+                                                codec_step[fast], fast_sync_step);
+    other_sync_overhead = train::FitSyncOverhead(fit_in, fitted[fast], double(other_chunk),
+                                                 codec_other[fast], fast_sync_step_other);
+    sync_per_chunk =
+        train::FitChunkOverhead(m_step, fast_sync_overhead, m_other, other_sync_overhead);
     std::printf("# width-1 steps (the trainer, %llu B chunks), slowest rank: %.3f ms per step "
                 "without a codec, %.3f ms with %s (the fastest AllReduce); beyond C + U + the "
                 "AllReduce as timed (%.3f ms, %.3f ms), or the CPU bound: sigma %.3f ms, %.3f ms\n",
-                static_cast<unsigned long long>(kMidChunk), sync_step * 1e3,
-                fast_sync_step * 1e3, kProbeCodecs[fast], allreduce_mid * 1e3,
-                codec_mid[fast] * 1e3, sync_overhead * 1e3, fast_sync_overhead * 1e3);
+                static_cast<unsigned long long>(step_chunk), sync_step * 1e3,
+                fast_sync_step * 1e3, kProbeCodecs[fast], allreduce_step * 1e3,
+                codec_step[fast] * 1e3, sync_overhead * 1e3, fast_sync_overhead * 1e3);
   }
   // How much each thread slows the other where they run at once (1: not at all); the model's
   // width-2 prediction uses them.
@@ -428,14 +454,26 @@ void RunProbe(const ProbeArgs& args) {
     fit_in.pipelined_update_s = pipelined_update;
     fit_in.overlap_compute_factor = compute_factor;
     fit_in.overlap_allreduce_factor = allreduce_factor;
-    pipe_overhead =
-        train::FitPipeOverhead(fit_in, train::CodecCost{}, kMidChunk, allreduce_mid, pipe_step);
-    fast_pipe_overhead = train::FitPipeOverhead(fit_in, fitted[fast], kMidChunk, codec_mid[fast],
-                                                fast_pipe_step);
+    pipe_overhead = train::FitPipeOverhead(fit_in, train::CodecCost{}, double(step_chunk),
+                                           allreduce_step, pipe_step);
+    fast_pipe_overhead = train::FitPipeOverhead(fit_in, fitted[fast], double(step_chunk),
+                                                codec_step[fast], fast_pipe_step);
+    other_pipe_overhead = train::FitPipeOverhead(fit_in, fitted[fast], double(other_chunk),
+                                                 codec_other[fast], fast_pipe_step_other);
+    pipe_per_chunk =
+        train::FitChunkOverhead(m_step, fast_pipe_overhead, m_other, other_pipe_overhead);
+    std::printf("# the steps with %s at %llu B chunks (%.0f per ring block), slowest rank: width 1 "
+                "%.3f ms, width 2 %.3f ms (its AllReduce %.3f ms): sigma %.3f ms, sigma_2 %.3f ms "
+                "against %.3f ms and %.3f ms at %.0f per block; per chunk per block beyond the "
+                "AllReduce alone: %.1f us (width 1), %.1f us (width 2)\n",
+                kProbeCodecs[fast], static_cast<unsigned long long>(other_chunk), m_other,
+                fast_sync_step_other * 1e3, fast_pipe_step_other * 1e3, codec_other[fast] * 1e3,
+                other_sync_overhead * 1e3, other_pipe_overhead * 1e3, fast_sync_overhead * 1e3,
+                fast_pipe_overhead * 1e3, m_step, sync_per_chunk * 1e6, pipe_per_chunk * 1e6);
     std::printf("# width-2 steps (the trainer, %llu B chunks), slowest rank: %.3f ms per step "
                 "without a codec, %.3f ms with %s; beyond the overlap of C + U_K and the "
                 "AllReduce as timed, or the CPU bound: sigma_2 %.3f ms, %.3f ms\n",
-                static_cast<unsigned long long>(kMidChunk), pipe_step * 1e3,
+                static_cast<unsigned long long>(step_chunk), pipe_step * 1e3,
                 fast_pipe_step * 1e3, kProbeCodecs[fast], pipe_overhead * 1e3,
                 fast_pipe_overhead * 1e3);
   }
@@ -449,6 +487,12 @@ void RunProbe(const ProbeArgs& args) {
                                   : "from the exchange (not fitted)",
               alone / 1e6, compute * 1e3, update * 1e3,
               pipelined_update * 1e3, overhead * 1e6, reduce * 1e9);
+  if (loopback) {
+    std::printf("# every rank's connections are on a loopback address: no link between the "
+                "ranks, the kernel copies the bytes on their cores (the PS schemes' server "
+                "costs CPU: %.3f ns per byte in whole-model messages)\n",
+                big_message_cpu * 1e9);
+  }
   if (!args.json_path.empty()) {
     nlohmann::json j = {{"world_size", env.world_size},
                         {"workers", env.world_size},
@@ -483,21 +527,32 @@ void RunProbe(const ProbeArgs& args) {
                         {"cpu_share", env.world_size > 1 ? cpu_share : 0.0},
                         {"transport_cpu_s_per_byte", transport_cpu.s_per_byte},
                         {"transport_cpu_s_per_message", transport_cpu.s_per_message},
-                        {"sync_step_s", {{"chunk_bytes", kMidChunk}, {"seconds", sync_step}}},
+                        {"sync_step_s", {{"chunk_bytes", step_chunk}, {"seconds", sync_step}}},
                         {"sync_overhead_s", sync_overhead},
-                        {"overhead_allreduce_s", env.world_size > 1 ? allreduce_mid : 0.0},
+                        {"overhead_allreduce_s", env.world_size > 1 ? allreduce_step : 0.0},
                         {"fast_codec",
                          {{"name", env.world_size > 1 ? kProbeCodecs[fast] : "none"},
-                          {"chunk_bytes", kMidChunk},
-                          {"allreduce_s", env.world_size > 1 ? codec_mid[fast] : 0.0},
+                          {"chunk_bytes", step_chunk},
+                          {"allreduce_s", env.world_size > 1 ? codec_step[fast] : 0.0},
                           {"sync_step_s", fast_sync_step},
                           {"pipe_step_s", fast_pipe_step}}},
-                        {"fast_allreduce_s", env.world_size > 1 ? codec_mid[fast] : 0.0},
+                        {"fast_allreduce_s", env.world_size > 1 ? codec_step[fast] : 0.0},
                         {"fast_sync_overhead_s", fast_sync_overhead},
                         {"fast_pipe_overhead_s", fast_pipe_overhead},
-                        {"pipe_step_s", {{"chunk_bytes", kMidChunk}, {"seconds", pipe_step}}},
+                        {"fast_codec_other_chunk",
+                         {{"chunk_bytes", other_chunk},
+                          {"allreduce_s", env.world_size > 1 ? codec_other[fast] : 0.0},
+                          {"sync_step_s", fast_sync_step_other},
+                          {"pipe_step_s", fast_pipe_step_other},
+                          {"sync_overhead_s", other_sync_overhead},
+                          {"pipe_overhead_s", other_pipe_overhead}}},
+                        {"overhead_chunks_per_block", env.world_size > 1 ? m_step : 0.0},
+                        {"sync_overhead_per_chunk_s", sync_per_chunk},
+                        {"pipe_overhead_per_chunk_s", pipe_per_chunk},
+                        {"pipe_step_s", {{"chunk_bytes", step_chunk}, {"seconds", pipe_step}}},
                         {"pipe_overhead_s", pipe_overhead},
                         {"big_message_cpu_s_per_byte", big_message_cpu},
+                        {"loopback", loopback},
                         {"allreduce_cpu_s", {{std::to_string(kSmallChunk), cpu_allreduce[0]},
                                              {std::to_string(kMidChunk), cpu_allreduce[1]},
                                              {std::to_string(kLargeChunk), cpu_allreduce[2]}}},

@@ -129,8 +129,9 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   }
   EXPECT_EQ(j["update_s"].get<double>(), update_max);
   EXPECT_EQ(j["pipelined_update_s"].get<double>(), pipelined_update_max);
-  // sigma from real width-1 steps at 64 KiB chunks, the slowest rank's; the CPU per byte of
-  // whole-model messages (the PS rows), the median over ranks.
+  // sigma from real width-1 steps at the chunk count the job runs (the config's 1 MiB holds a
+  // ring block of the MLP on 3 ranks: 16 MiB, one chunk per block), the slowest rank's; the CPU
+  // per byte of whole-model messages (the PS rows), the median over ranks.
   double sync_step_max = 0;
   std::vector<double> exchange_cpu;
   for (const auto& rank : j["per_rank"]) {
@@ -139,12 +140,15 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
     sync_step_max = std::max(sync_step_max, rank["sync_step_s"].get<double>());
     exchange_cpu.push_back(rank["cpu"]["exchange_s_per_byte"].get<double>());
   }
-  EXPECT_EQ(j["sync_step_s"]["chunk_bytes"].get<double>(), 65536);
+  EXPECT_EQ(j["sync_step_s"]["chunk_bytes"].get<double>(), 16777216);
   EXPECT_EQ(j["sync_step_s"]["seconds"].get<double>(), sync_step_max);
   // sigma may be negative (a late rank's lag hidden in a long AllReduce): a finite number,
-  // measured where the AllReduce at 64 KiB chunks took its timed time.
+  // measured where the AllReduce at 16 MiB chunks took its timed time.
   EXPECT_TRUE(std::isfinite(j["sync_overhead_s"].get<double>()));
-  EXPECT_EQ(j["overhead_allreduce_s"].get<double>(), j["allreduce_s"]["65536"].get<double>());
+  EXPECT_EQ(j["overhead_allreduce_s"].get<double>(), j["allreduce_s"]["16777216"].get<double>());
+  // Three local ranks talk over loopback: the PS schemes' server bytes are its CPU.
+  EXPECT_TRUE(j["loopback"].get<bool>());
+  for (const auto& rank : j["per_rank"]) EXPECT_TRUE(rank["loopback"].get<bool>()) << rank.dump();
   EXPECT_EQ(j["big_message_cpu_s_per_byte"].get<double>(), Median(exchange_cpu));
   // Every codec's own AllReduce at 64 KiB and 16 MiB chunks, the slowest rank's each; its kappa
   // and CPU fitted to them, no lower than -rho (its decode adds in the same pass).
@@ -171,6 +175,7 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   }
   const double gamma = j["contention"].get<double>();
   const double mid = std::stod(m4[2]), model_mid = std::stod(m4[5]);
+  const double large = std::stod(m4[3]), model_large = std::stod(m4[6]);
   if (gamma == 1) {
     EXPECT_LE(model_mid, mid + 0.001) << m4[0];
   } else if (gamma == 0) {
@@ -202,15 +207,15 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   }
   // The width-1 and width-2 steps the probe timed (the slowest rank's), beside the model's.
   // sigma is what a step took beyond its AllReduce as timed, so the model gives the step back
-  // but for the model's own AllReduce at 64 KiB against the timed one (gamma clamped), which
-  // width 2 scales by at most f_a; or where its floor, max(C + U, T_AR), is above.
+  // but for the model's own AllReduce at 16 MiB against the timed one (0 where B was fitted),
+  // which width 2 scales by at most f_a; or where its floor, max(C + U, T_AR), is above.
   const double ar_gap =
-      std::abs(model_mid - mid) * std::max(1.0, j["overlap_allreduce_factor"].get<double>());
+      std::abs(model_large - large) * std::max(1.0, j["overlap_allreduce_factor"].get<double>());
   const auto step_matches_model = [&](int width, const char* codec) {
     std::smatch step;
     ASSERT_TRUE(std::regex_search(
         m.out, step,
-        std::regex(fmt::format("# measured width-{} step \\({}\\) at 65536 B chunks: "
+        std::regex(fmt::format("# measured width-{} step \\({}\\) at 16777216 B chunks: "
                                "[0-9.]+ / [0-9.]+ / ([0-9.]+) ms; the model gives ([0-9.]+) ms",
                                width, codec))))
         << m.out;
@@ -222,13 +227,14 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
       const double update = width >= 2 && j.value("pipelined_update_s", 0.0) > 0
                                 ? j["pipelined_update_s"].get<double>()
                                 : j["update_s"].get<double>();
-      const double floor_ms = std::max((j["compute_s"].get<double>() + update) * 1e3, model_mid);
+      const double floor_ms =
+          std::max((j["compute_s"].get<double>() + update) * 1e3, model_large);
       EXPECT_NEAR(std::max(std::stod(step[1]), floor_ms), std::stod(step[2]), ar_gap + 0.0011)
           << step[0] << "; floor " << floor_ms << " ms";
     }
   };
   step_matches_model(1, "none");
-  // The same at a second AllReduce time: the codec whose AllReduce at 64 KiB was fastest
+  // The same at a second AllReduce time: the codec whose AllReduce at 16 MiB was fastest
   // (averaged over the ranks), its steps the slowest rank's.
   const auto& fast = j["fast_codec"];
   const std::string fast_name = fast["name"].get<std::string>();
@@ -236,7 +242,8 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
                                        [&](const auto& c) { return c["name"] == fast_name; });
   ASSERT_NE(fast_entry, j["codecs"].end()) << fast.dump();
   EXPECT_NE(fast_name, "none");
-  EXPECT_EQ(fast["allreduce_s"].get<double>(), (*fast_entry)["allreduce_s"]["65536"].get<double>());
+  EXPECT_EQ(fast["allreduce_s"].get<double>(),
+            (*fast_entry)["allreduce_s"]["16777216"].get<double>());
   EXPECT_EQ(j["fast_allreduce_s"].get<double>(), fast["allreduce_s"].get<double>());
   double fast_sync_max = 0, fast_pipe_max = 0;
   for (const auto& rank : j["per_rank"]) {
@@ -249,12 +256,40 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   EXPECT_TRUE(std::isfinite(j["fast_pipe_overhead_s"].get<double>()));
   step_matches_model(1, fast_name.c_str());
   step_matches_model(2, fast_name.c_str());
+  // And at 64 KiB chunks (5 per ring block of 313528 B, one at 16 MiB): sigma there, and the
+  // slope per chunk per block between the two, never negative.
+  const double m_other = std::ceil(j["model_bytes"].get<double>() / 3 / 65536);
+  EXPECT_EQ(m_other, 5);
+  const auto& other = j["fast_codec_other_chunk"];
+  EXPECT_EQ(other["chunk_bytes"].get<double>(), 65536);
+  EXPECT_EQ(other["allreduce_s"].get<double>(),
+            (*fast_entry)["allreduce_s"]["65536"].get<double>());
+  double other_sync_max = 0, other_pipe_max = 0;
+  for (const auto& rank : j["per_rank"]) {
+    other_sync_max = std::max(other_sync_max, rank["fast_other_sync_step_s"].get<double>());
+    other_pipe_max = std::max(other_pipe_max, rank["fast_other_pipe_step_s"].get<double>());
+  }
+  EXPECT_EQ(other["sync_step_s"].get<double>(), other_sync_max);
+  EXPECT_EQ(other["pipe_step_s"].get<double>(), other_pipe_max);
+  EXPECT_EQ(j["overhead_chunks_per_block"].get<double>(), 1);
+  EXPECT_DOUBLE_EQ(j["sync_overhead_per_chunk_s"].get<double>(),
+                   std::max(0.0, (other["sync_overhead_s"].get<double>() -
+                                  j["fast_sync_overhead_s"].get<double>()) / (m_other - 1)));
+  EXPECT_DOUBLE_EQ(j["pipe_overhead_per_chunk_s"].get<double>(),
+                   std::max(0.0, (other["pipe_overhead_s"].get<double>() -
+                                  j["fast_pipe_overhead_s"].get<double>()) / (m_other - 1)));
+  for (int width : {1, 2}) {
+    EXPECT_NE(m.out.find(fmt::format("# measured width-{} step ({}) at 65536 B chunks: ", width,
+                                     fast_name)),
+              std::string::npos)
+        << m.out;
+  }
   double pipe_step_max = 0;
   for (const auto& rank : j["per_rank"]) {
     EXPECT_GT(rank["pipe_step_s"].get<double>(), 0) << rank.dump();
     pipe_step_max = std::max(pipe_step_max, rank["pipe_step_s"].get<double>());
   }
-  EXPECT_EQ(j["pipe_step_s"]["chunk_bytes"].get<double>(), 65536);
+  EXPECT_EQ(j["pipe_step_s"]["chunk_bytes"].get<double>(), 16777216);
   EXPECT_EQ(j["pipe_step_s"]["seconds"].get<double>(), pipe_step_max);
   step_matches_model(2, "none");
   // A probe file whose per-rank table is not a probe's is refused by name.

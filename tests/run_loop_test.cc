@@ -23,7 +23,10 @@ class ScriptedMode : public train::TrainingMode {
                         double eval_sleep_s = 0)
       : accuracy_(std::move(accuracy_by_step)), steps_(start), eval_sleep_s_(eval_sleep_s) {}
   int64_t steps() const override { return steps_; }
-  void Step() override { ++steps_; }
+  void Step() override {
+    if (steps_ < slow_until) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s));
+    ++steps_;
+  }
   double LatestLoss() const override { return static_cast<double>(steps_ - 1); }
   void PrepareEvaluation(bool last) override { prepared.push_back({steps_, last}); }
   Result Evaluate(int64_t from) override {
@@ -40,6 +43,8 @@ class ScriptedMode : public train::TrainingMode {
 
   std::vector<std::pair<int64_t, bool>> prepared;
   std::vector<bool> finished;
+  int64_t slow_until = 0;  // steps before this one sleep slow_s (a warm-up)
+  double slow_s = 0;
 
  private:
   std::vector<double> accuracy_;
@@ -260,6 +265,44 @@ TEST(RunLoop, EvaluationTimeIsLeftOutOfWallAndCountedInEvalS) {
   EXPECT_LT(rec.evaluations.back().wall_s, 0.05);
   EXPECT_GE(rec.evaluations[0].eval_s, 0.1);
   EXPECT_GE(rec.evaluations[2].eval_s, 0.3);
+}
+
+TEST(RunLoop, SteadyStepTimeLeavesOutTheWarmUpSteps) {
+  RunPlan plan;
+  plan.steps_per_epoch = 30;
+  plan.warmup_steps = 5;
+  {
+    // Steps 0-3 sleep 50 ms, inside the 5 warm-up steps; the 25 after them take microseconds.
+    ScriptedMode mode(Ramp(30));
+    mode.slow_until = 4;
+    mode.slow_s = 0.05;
+    Recorder rec;
+    const train::RunOutcome out = train::RunLoop(mode, plan, rec);
+    EXPECT_GE(out.train_s, 0.2);
+    EXPECT_EQ(out.steady_steps, 25);
+    EXPECT_GT(out.steady_step_s, 0.0);
+    EXPECT_LT(out.steady_step_s, 0.002);  // the sleeps are not in it
+  }
+  {
+    // A resumed run counts its warm-up from where it starts: steps 20-24, then 5 steady ones.
+    ScriptedMode mode(Ramp(30), /*start=*/20);
+    mode.slow_until = 24;
+    mode.slow_s = 0.05;
+    Recorder rec;
+    const train::RunOutcome out = train::RunLoop(mode, plan, rec);
+    EXPECT_EQ(out.steady_steps, 5);
+    EXPECT_LT(out.steady_step_s, 0.01);
+  }
+  {
+    // No step after the warm-up: no steady time.
+    RunPlan short_plan = plan;
+    short_plan.steps_per_epoch = 5;
+    ScriptedMode mode(Ramp(5));
+    Recorder rec;
+    const train::RunOutcome out = train::RunLoop(mode, short_plan, rec);
+    EXPECT_EQ(out.steady_steps, 0);
+    EXPECT_EQ(out.steady_step_s, 0.0);
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -141,6 +142,16 @@ TEST(TimeToAccuracy, EveryModeEvaluatesEveryNStepsStopsAtTheTargetAndReportsAlik
     EXPECT_EQ(s.at("target_accuracy").get<double>(), 0.7) << mode.name;
     EXPECT_EQ(s.at("global_batch").get<int64_t>(), 16 * mode.workers) << mode.name;
     EXPECT_EQ(s.at("evaluations").get<int64_t>(), static_cast<int64_t>(lines.size())) << mode.name;
+    // The steady time per step: the steps after the default train.sync_warmup_steps (50) and 10
+    // more, within the training time.
+    const int64_t steps = s.at("steps").get<int64_t>();
+    EXPECT_EQ(s.at("steady_steps").get<int64_t>(), std::max<int64_t>(0, steps - 60)) << mode.name;
+    if (steps > 60) {
+      EXPECT_GT(s.at("steady_step_s").get<double>(), 0.0) << mode.name;
+      EXPECT_LE(s.at("steady_step_s").get<double>() * static_cast<double>(steps - 60),
+                s.at("train_wall_s").get<double>())
+          << mode.name;
+    }
     const std::set<std::string> keys = Keys(s);
     if (summary_keys.empty()) summary_keys = keys;
     EXPECT_EQ(keys, summary_keys) << mode.name << ": summary.json keys differ from RING's";

@@ -430,6 +430,59 @@ TEST(TimingModel, PsAsyncCpuBoundByHand) {
   EXPECT_NEAR(PsAsyncCpuBoundTime(in, kNone), 0.07654 / 0.5, 1e-12);
 }
 
+TEST(TimingModel, ChunkOverheadAddsPerChunkBeyondTheMeasuredCount) {
+  TimingInputs in = Lab();  // a ring block of 1e6 B
+  in.overhead_chunks_per_block = 1;
+  in.sync_overhead_per_chunk_s = 50e-6;
+  in.pipe_overhead_per_chunk_s = 20e-6;
+  // 250 kB chunks: m = 4, three chunks per block beyond the one the sigmas were measured at.
+  EXPECT_NEAR(ChunkOverhead(in, 1, 2.5e5), 150e-6, 1e-15);
+  EXPECT_NEAR(ChunkOverhead(in, 2, 2.5e5), 60e-6, 1e-15);
+  EXPECT_EQ(ChunkOverhead(in, 1, 1e6), 0.0);
+  // C + U + T_AR (0.0501 at 250 kB chunks) + the three chunks; width 2: max(a, b) + its own.
+  EXPECT_NEAR(RingSyncTime(in, kNone, 2.5e5), 0.01 + 0.001 + 0.0501 + 150e-6, 1e-12);
+  EXPECT_NEAR(PipeTime(in, kNone, 2.5e5, 2), 0.0501 + 60e-6, 1e-12);
+  EXPECT_NEAR(RingSyncTime(in, kNone, 1e6), 0.0656, 1e-12);
+  in.overhead_chunks_per_block = 0;  // not measured: nothing
+  EXPECT_EQ(ChunkOverhead(in, 1, 2.5e5), 0.0);
+  // The fit: the slope between two chunk counts, either order, never below 0.
+  EXPECT_NEAR(FitChunkOverhead(1, 0.2e-3, 4, 0.5e-3), 0.1e-3, 1e-15);
+  EXPECT_NEAR(FitChunkOverhead(4, 0.5e-3, 1, 0.2e-3), 0.1e-3, 1e-15);
+  EXPECT_EQ(FitChunkOverhead(1, 0.5e-3, 4, 0.2e-3), 0.0);
+  EXPECT_EQ(FitChunkOverhead(2, 0.5e-3, 2, 0.2e-3), 0.0);
+}
+
+TEST(TimingModel, PsOverLoopbackByHand) {
+  // Ranks on one host: the server's bytes cost its CPU (X per push, at the share it gets), not
+  // the ring's B, here a slow 125 MB/s that would put the server link at 0.256 s.
+  TimingInputs in = Lab();
+  in.loopback = true;
+  in.compute_cpu_share = 0.5;
+  in.cpu_share = 0.4;
+  in.transport_cpu_s_per_byte = 1e-9;
+  in.transport_cpu_s_per_message = 1e-5;
+  in.big_message_cpu_s_per_byte = 0.5e-9;
+  // X = 4e6 x 0.5e-9 + 2e-5 = 0.00202; W X / max(0.4, 0.5) = 0.01616 in place of 2 W M / B:
+  // C + 2 alpha + 0.01616 + W M rho + U = 0.01 + 0.0002 + 0.01616 + 0.016 + 0.001.
+  EXPECT_NEAR(PsSyncTime(in, kNone), 0.04336, 1e-12);
+  // q8 (r = 4, kappa = 2 ns/B): X = 1e6 x 0.5e-9 + 2e-5 = 0.00052, 4 X / 0.5 = 0.00416; the
+  // codec adds 2 M kappa + W M kappa = 0.016 + 0.032.
+  EXPECT_NEAR(PsSyncTime(in, {"q8", 4, 2e-9}),
+              0.01 + 0.0002 + 0.00416 + 0.016 + 0.001 + 0.048, 1e-12);
+  // Async: a worker's cycle 0.01 + 0.0002 + X / 0.5 + 0.004 + 0.001 = 0.01924, the server's CPU
+  // 4 (0.004 + 0.001) = 0.02, no link term (0.128 with B); the CPU bound: S = 4 ((0.004 +
+  // 0.001) 0.5 + X) = 0.01808, a worker 0.005 + X + S / 4 = 0.01154; S / 0.5 = 0.03616 bounds.
+  EXPECT_NEAR(PsAsyncCpuBoundTime(in, kNone), 0.03616, 1e-12);
+  EXPECT_NEAR(PsAsyncTime(in, kNone), 0.03616, 1e-12);
+  // Without the shares the CPU is not known: the link terms hold, as for a probe with links.
+  in.compute_cpu_share = 0;
+  EXPECT_NEAR(PsSyncTime(in, kNone), 0.2832, 1e-12);
+  EXPECT_NEAR(PsAsyncTime(in, kNone), 0.128, 1e-12);
+  in.compute_cpu_share = 0.5;
+  in.loopback = false;
+  EXPECT_NEAR(PsSyncTime(in, kNone), 0.2832, 1e-12);
+}
+
 TEST(TimingModel, FitTransportCpuRecoversPerByteAndPerMessage) {
   TimingInputs in = Lab();
   in.transport_cpu_s_per_byte = 0.4e-9;

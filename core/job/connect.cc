@@ -123,7 +123,7 @@ ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, i
   MaybeInjectFault(env.rank, "rendezvous");
   try {
     auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
-    return {std::move(transport), std::move(addresses), topt.bind_host};
+    return {std::move(transport), std::move(addresses), topt.bind_host, iface_address};
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
     throw detail::WithTimeoutSetting(e, timeout_setting);
@@ -152,7 +152,8 @@ PeerLinks ConnectPeers(const JobEnv& env, const std::string& job, const std::vec
                        const config::Comm& comm, Deadline deadline,
                        const std::string& timeout_setting) {
   PeerLinks links;
-  auto [transport, addresses, bind_host] = ConnectTransport(env, job, 1, comm, peers, deadline, timeout_setting);
+  auto [transport, addresses, bind_host, data_address] =
+      ConnectTransport(env, job, 1, comm, peers, deadline, timeout_setting);
   std::vector<std::pair<int, std::string>> targets;
   for (int p : peers) targets.emplace_back(p, addresses.at(p));
   try {
@@ -162,6 +163,7 @@ PeerLinks ConnectPeers(const JobEnv& env, const std::string& job, const std::vec
     throw detail::WithTimeoutSetting(e, timeout_setting);
   }
   links.transport = std::move(transport);
+  links.data_address = data_address;
   return links;
 }
 

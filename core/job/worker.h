@@ -84,6 +84,9 @@ struct ConnectedTransport {
   std::unique_ptr<transport::Transport> transport;
   std::vector<std::string> addresses;  // index = rank
   std::string bind_host;               // tcp: the address this rank listens on
+  // The address of the interface the job's data travels on (tcp, ucx with a device filter);
+  // empty where the transport chooses (rdma, ucx without a filter).
+  std::string data_address;
 };
 ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, int streams,
                                     const config::Comm& comm, const std::vector<int>& peers,
@@ -101,6 +104,7 @@ struct PeerLinks {
   // Declared in this order so that the connections are destroyed before their transport.
   std::unique_ptr<transport::Transport> transport;
   std::vector<std::unique_ptr<transport::Connection>> connections;
+  std::string data_address;  // ConnectedTransport's
 };
 PeerLinks ConnectPeers(const JobEnv& env, const std::string& job, const std::vector<int>& peers,
                        const config::Comm& comm, Deadline deadline,

@@ -104,6 +104,7 @@ RunOutcome RunLoop(TrainingMode& mode, const RunPlan& plan, Reporter& reporter) 
 
   int64_t t = mode.steps();
   const int64_t first_step = t;  // a resumed run's ETA counts only its own steps
+  double steady_from_s = 0;      // the running clock when the warm-up steps are done
   bool at_target = false;
   bool last = false;
   if (t >= total) {
@@ -118,6 +119,7 @@ RunOutcome RunLoop(TrainingMode& mode, const RunPlan& plan, Reporter& reporter) 
       mode.AfterStep();
       PSGD_CHECK_EQ(mode.steps(), t + 1);
       t += 1;
+      if (t - first_step == plan.warmup_steps) steady_from_s = clock.running_s();
       const RunPoint p = mode.Point(plan);
       last = p.last;
       const int epoch = plan.EpochOf(t);
@@ -154,6 +156,10 @@ RunOutcome RunLoop(TrainingMode& mode, const RunPlan& plan, Reporter& reporter) 
   out.steps = mode.steps();
   out.train_s = clock.running_s();
   out.eval_s = clock.paused_s();
+  if (out.steps - first_step > plan.warmup_steps) {
+    out.steady_steps = out.steps - first_step - plan.warmup_steps;
+    out.steady_step_s = (out.train_s - steady_from_s) / static_cast<double>(out.steady_steps);
+  }
   mode.Finish(at_target && !last);
   return out;
 }

@@ -27,6 +27,9 @@ struct RunPlan {
   double target_accuracy = 0;    // 0: never stop early
   int64_t global_batch = 1;      // samples per global step, for samples_per_s
   int progress_per_epoch = 0;    // progress calls per epoch, evenly spaced
+  // Steps at the start of a run (or of a resumed run) that RunOutcome::steady_step_s leaves out:
+  // fresh connections in TCP slow start, first-touch allocations, a synchronous warm-up.
+  int64_t warmup_steps = 0;
 
   // Steps the run takes unless it stops at the target.
   int64_t total_steps() const;
@@ -63,6 +66,11 @@ struct RunOutcome {
   double final_test_loss = 0;
   double train_s = 0;  // training time, evaluations left out
   double eval_s = 0;
+  // Training time per step after the plan's warm-up steps (what a timing model predicts: a
+  // 60-step job on the 100 Mbit/s lab took 16% longer per step than a 300-step one), and the
+  // steps it is the mean of; 0 and 0 where the run took no step after them.
+  double steady_step_s = 0;
+  int64_t steady_steps = 0;
   bool reached_target = false;  // false when no target was set
   int64_t steps_to_target = -1;
   double time_to_target_s = -1;  // training time, evaluations left out

@@ -150,6 +150,17 @@ double RankCpu(const TimingInputs& in) {
   return in.compute_cpu_share > 0 ? std::max(in.cpu_share, in.compute_cpu_share) : 0;
 }
 
+// X: the transport's CPU for one push, on each end: one gradient in and one model out (or the
+// reverse), a message each.
+double PsPushCpu(const TimingInputs& in, const CodecCost& codec) {
+  const double per_byte = in.big_message_cpu_s_per_byte > 0 ? in.big_message_cpu_s_per_byte
+                                                            : in.transport_cpu_s_per_byte;
+  return in.model_bytes / codec.ratio * per_byte + 2 * in.transport_cpu_s_per_message;
+}
+
+// No link between the ranks, and the CPU they get is known: the PS schemes' bytes cost CPU.
+bool PsOverLoopback(const TimingInputs& in) { return in.loopback && RankCpu(in) > 0; }
+
 }  // namespace
 
 double CpuBoundTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes,
@@ -273,6 +284,18 @@ double OverheadAt(const TimingInputs& in, int width, double t_ar_s) {
   return s1 + (s2 - s1) * (1 / t1 - 1 / t) / (1 / t1 - 1 / t2);
 }
 
+double ChunkOverhead(const TimingInputs& in, int width, double chunk_bytes) {
+  if (in.overhead_chunks_per_block <= 0 || in.workers <= 1) return 0;
+  const double per_chunk = width == 1 ? in.sync_overhead_per_chunk_s : in.pipe_overhead_per_chunk_s;
+  const double m = std::ceil(in.model_bytes / in.workers / chunk_bytes);
+  return (m - in.overhead_chunks_per_block) * per_chunk;
+}
+
+double FitChunkOverhead(double m_few, double sigma_few, double m_many, double sigma_many) {
+  if (m_many == m_few) return 0;
+  return std::max(0.0, (sigma_many - sigma_few) / (m_many - m_few));
+}
+
 namespace {
 
 // Width 1 without sigma, at an AllReduce time t_ar.
@@ -295,7 +318,8 @@ double PipeBase(const TimingInputs& in, const CodecCost& codec, double chunk_byt
 double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes) {
   const double t_ar = RingAllReduceTime(in, codec, chunk_bytes);
   if (in.workers == 1) return SyncBase(in, codec, chunk_bytes, t_ar);  // it waits for no AllReduce
-  return std::max(SyncBase(in, codec, chunk_bytes, t_ar) + OverheadAt(in, 1, t_ar),
+  return std::max(SyncBase(in, codec, chunk_bytes, t_ar) + OverheadAt(in, 1, t_ar) +
+                      ChunkOverhead(in, 1, chunk_bytes),
                   std::max(in.compute_s + in.update_s, t_ar));
 }
 
@@ -310,7 +334,7 @@ double PipeTime(const TimingInputs& in, const CodecCost& codec, double chunk_byt
   const double b = RingAllReduceTime(in, codec, chunk_bytes);
   const double base = PipeBase(in, codec, chunk_bytes, width, b);
   if (in.workers == 1) return base;
-  return std::max(base + OverheadAt(in, width, b),
+  return std::max(base + OverheadAt(in, width, b) + ChunkOverhead(in, width, chunk_bytes),
                   std::max(in.compute_s + UpdateTime(in, width), b));
 }
 
@@ -322,17 +346,22 @@ double FitPipeOverhead(const TimingInputs& in, const CodecCost& codec, double ch
 double PsSyncTime(const TimingInputs& in, const CodecCost& codec) {
   PSGD_CHECK(in.bandwidth_Bps > 0 && codec.ratio >= 1);
   const double w = in.workers, m = in.model_bytes;
-  return in.compute_s + 2 * in.latency_s + 2 * w * m / (codec.ratio * in.bandwidth_Bps) +
-         w * m * in.reduce_s_per_byte + in.update_s + 2 * m * codec.s_per_byte +
-         w * m * codec.s_per_byte;
+  const double server_bytes = PsOverLoopback(in)
+                                  ? w * PsPushCpu(in, codec) / RankCpu(in)
+                                  : 2 * w * m / (codec.ratio * in.bandwidth_Bps);
+  return in.compute_s + 2 * in.latency_s + server_bytes + w * m * in.reduce_s_per_byte +
+         in.update_s + 2 * m * codec.s_per_byte + w * m * codec.s_per_byte;
 }
 
 double PsAsyncTime(const TimingInputs& in, const CodecCost& codec) {
   PSGD_CHECK(in.bandwidth_Bps > 0 && codec.ratio >= 1);
   const double w = in.workers, m = in.model_bytes;
-  const double worker = in.compute_s + 2 * in.latency_s + 2 * m / (codec.ratio * in.bandwidth_Bps) +
-                        m * in.reduce_s_per_byte + in.update_s + 2 * m * codec.s_per_byte;
-  const double server_link = w * m / (codec.ratio * in.bandwidth_Bps);
+  const bool loopback = PsOverLoopback(in);
+  const double push_bytes = loopback ? PsPushCpu(in, codec) / RankCpu(in)
+                                     : 2 * m / (codec.ratio * in.bandwidth_Bps);
+  const double worker = in.compute_s + 2 * in.latency_s + push_bytes + m * in.reduce_s_per_byte +
+                        in.update_s + 2 * m * codec.s_per_byte;
+  const double server_link = loopback ? 0 : w * m / (codec.ratio * in.bandwidth_Bps);
   const double server_cpu = w * (m * in.reduce_s_per_byte + in.update_s + m * codec.s_per_byte);
   return std::max({worker, server_link, server_cpu, PsAsyncCpuBoundTime(in, codec)});
 }
@@ -341,10 +370,7 @@ double PsAsyncCpuBoundTime(const TimingInputs& in, const CodecCost& codec) {
   const double share = RankCpu(in);
   if (share <= 0) return 0;
   const double w = in.workers, m = in.model_bytes, s_c = in.compute_cpu_share;
-  // One gradient in and one model out per push, one message each.
-  const double per_byte = in.big_message_cpu_s_per_byte > 0 ? in.big_message_cpu_s_per_byte
-                                                            : in.transport_cpu_s_per_byte;
-  const double transport = m / codec.ratio * per_byte + 2 * in.transport_cpu_s_per_message;
+  const double transport = PsPushCpu(in, codec);
   const double server =
       w * ((m * in.reduce_s_per_byte + in.update_s + m * codec.s_per_byte) * s_c + transport);
   const double worker = (in.compute_s + 2 * m * codec.s_per_byte) * s_c + transport + server / w;

@@ -50,6 +50,13 @@ struct TimingInputs {
   double transport_cpu_s_per_message = 0;
   // The same per byte in messages of a whole model (the PS schemes); 0: not known, the above.
   double big_message_cpu_s_per_byte = 0;
+  // The ranks share one host and talk over loopback (`pipesgd probe`: every rank's connections
+  // on a loopback address): no link between them, the kernel copies the bytes on their cores. The
+  // PS schemes' server then moves its bytes at the CPU it gets, not at B: B is fitted to the
+  // ring, where every rank copies at once, and put the synchronous server's W gradients in and
+  // W models out at 4.0-7.5 ms where they took 2.6-3.5 ms (4 ranks on 2 cores). Only with the
+  // shares (the CPU bound's inputs); the ring's terms are fitted either way.
+  bool loopback = false;
   // sigma: what a synchronous step takes beyond C + U + T_AR (or the CPU bound): ranks that
   // reach the AllReduce at different times (a shared core's time slices, a preempted rank), the
   // hand-off to the communication thread, the step's bookkeeping. Width 2 hides it behind the
@@ -71,6 +78,16 @@ struct TimingInputs {
   double fast_allreduce_s = 0;
   double fast_sync_overhead_s = 0;
   double fast_pipe_overhead_s = 0;
+  // A step's chunk messages cost more than the AllReduce alone shows (the communication thread's
+  // wake-ups after a compute phase, caches the compute evicted; under a CPU quota, the CPU they
+  // take): on the 1 Gbit/s lab q4 steps at 4 chunks per ring block ran 1.0-1.2 ms slower than
+  // at 1, where the AllReduce alone was 0.1 ms faster. The sigmas above hold at
+  // overhead_chunks_per_block chunks per block; a row at m chunks adds (m - that) times these,
+  // per chunk per block, width 1 and width >= 2 (`pipesgd probe` times the fast codec's steps at
+  // two chunk sizes). >= 0; 0: not measured.
+  double overhead_chunks_per_block = 0;
+  double sync_overhead_per_chunk_s = 0;
+  double pipe_overhead_per_chunk_s = 0;
 };
 
 // A gradient codec as the model sees it.
@@ -172,6 +189,17 @@ CodecCost FitCodec(const TimingInputs& in, const std::string& name, double ratio
 // from the points at 1.6 and 11.8 ms; linear in T_AR, 0.4 ms off.
 double OverheadAt(const TimingInputs& in, int width, double t_ar_s);
 
+// What a step at `chunk_bytes` chunks adds beyond the sigmas' chunk count:
+// (m - overhead_chunks_per_block) x the width's per-chunk cost, m = ceil(M / (W S)); 0 where
+// the count is not known.
+double ChunkOverhead(const TimingInputs& in, int width, double chunk_bytes);
+
+// The per-chunk cost from one codec's steps timed at two chunk counts, each step's sigma (the
+// step less the model's base, FitSyncOverhead or FitPipeOverhead) at m_few and m_many chunks per
+// block: the slope, at least 0 (what chunking gains is in T_AR already; a lower sigma with more
+// chunks is noise); 0 for equal counts.
+double FitChunkOverhead(double m_few, double sigma_few, double m_many, double sigma_many);
+
 // Synchronous ring SGD (pipeline width 1): C + U + T_AR, or the CPU bound if longer, + sigma at
 // that T_AR; never below max(C + U, T_AR).
 double RingSyncTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes);
@@ -203,6 +231,8 @@ double FitPipeOverhead(const TimingInputs& in, const CodecCost& codec, double ch
 //   T = C + 2 alpha + 2 W M / (r B)              W gradients in, W models out, one server link
 //     + W M rho + U                              the server sums and updates
 //     + 2 M kappa + W M kappa                    codec: worker encodes/decodes, server decodes
+// On loopback (TimingInputs::loopback, with the shares) the server's link term is its CPU for
+// those bytes instead, W X / max(s, s_c), X as in PsAsyncCpuBoundTime.
 double PsSyncTime(const TimingInputs& in, const CodecCost& codec);
 
 // Asynchronous parameter server: each worker's cycle, or the server's link or CPU when W
@@ -210,7 +240,9 @@ double PsSyncTime(const TimingInputs& in, const CodecCost& codec);
 //   T = max( C + 2 alpha + 2 M / (r B) + M rho + U + 2 M kappa,
 //            W M / (r B),
 //            W (M rho + U + M kappa) )
-//   or the CPU bound (PsAsyncCpuBoundTime) if longer.
+//   or the CPU bound (PsAsyncCpuBoundTime) if longer. On loopback (with the shares) a push's
+//   bytes cost the worker X / max(s, s_c) in place of 2 M / (r B), and the server's bytes are
+//   CPU, which the bound holds: no link term.
 double PsAsyncTime(const TimingInputs& in, const CodecCost& codec);
 
 // The asynchronous server's CPU bound, as CpuBoundTime for the ring (0 where the shares are not
