@@ -18,16 +18,11 @@
 #include "core/job/model_builder.h"
 #include "core/job/worker_detail.h"
 #include "launcher/link_prober.h"
+#include "transport/rendezvous.h"
 
 namespace pipesgd::launcher::probe {
 
 using Clock = std::chrono::steady_clock;
-
-namespace {
-bool IsLoopbackAddress(const std::string& address) {
-  return address.starts_with("127.") || address == "::1";
-}
-}  // namespace
 
 std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine) {
   const job::JobEnv& env = in.env;
@@ -50,7 +45,7 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
     }
     Throw(ErrorCode::kInternal, "probe: no connection to rank {}", peer);
   };
-  mine[kLoopback] = IsLoopbackAddress(links.data_address) ? 1.0 : 0.0;
+  mine[kLoopback] = transport::IsLoopbackIp(links.data_address) ? 1.0 : 0.0;
   transport::Connection& right = conn((r + 1) % w);
   transport::Connection& left = conn((r + w - 1) % w);
   Prober prober(*links.transport, job.comm().timeout_s());

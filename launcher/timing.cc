@@ -356,11 +356,8 @@ void RunProbe(const ProbeArgs& args) {
   std::vector<double> codec_step(kNumProbeCodecs, 0.0), codec_other(kNumProbeCodecs, 0.0);
   const uint64_t step_chunk = StepChunk(job, p, env.world_size);
   const uint64_t other_chunk = step_chunk == kLargeChunk ? kMidChunk : kLargeChunk;
-  // Chunks per ring block at each.
-  const auto chunks_per_block = [&](uint64_t chunk) {
-    return std::ceil(4.0 * p / env.world_size / static_cast<double>(chunk));
-  };
-  const double m_step = chunks_per_block(step_chunk), m_other = chunks_per_block(other_chunk);
+  const double m_step = train::ChunksPerBlock(fit_in, double(step_chunk));
+  const double m_other = train::ChunksPerBlock(fit_in, double(other_chunk));
   const double allreduce_step = step_chunk == kLargeChunk ? allreduce_large : allreduce_mid;
   const int fast = static_cast<int>(all[kFastCodec]);  // the same on every rank
   if (env.world_size > 1) {

@@ -19,6 +19,13 @@
 #include "transport/wire.pb.h"
 
 namespace pipesgd::transport {
+
+bool IsLoopbackIp(const std::string& ip) {
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(ip, ec);
+  return !ec && address.is_loopback();
+}
+
 namespace {
 
 namespace asio = boost::asio;
@@ -32,12 +39,6 @@ constexpr const char* kService = "rendezvous";
 // deadline then).
 constexpr double kFailureGraceS = 1.0;
 constexpr double kDeadlineFlushS = 0.2;
-
-bool IsLoopbackIp(const std::string& ip) {
-  boost::system::error_code ec;
-  const auto address = asio::ip::make_address(ip, ec);
-  return !ec && address.is_loopback();
-}
 
 // True if `host` is written as loopback: then binding it is what the user asked for.
 bool WrittenAsLoopback(const std::string& host) {

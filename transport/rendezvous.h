@@ -31,6 +31,9 @@
 
 namespace pipesgd::transport {
 
+// True if `ip` is a loopback address (127.0.0.0/8, ::1); false for a name or a malformed one.
+bool IsLoopbackIp(const std::string& ip);
+
 class FailureRelay;
 
 // How long a rank waits past its own deadline for rank 0's reason (rank 0 may have started a

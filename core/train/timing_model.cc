@@ -18,7 +18,7 @@ RingTerms RingAllReduceTerms(const TimingInputs& in, const CodecCost& codec, dou
   const double w = in.workers;
   const double steps = 2 * (w - 1);
   const double block = in.model_bytes / w;
-  t.chunks_per_block = std::ceil(block / chunk_bytes);
+  t.chunks_per_block = ChunksPerBlock(in, chunk_bytes);
   const double s = block / t.chunks_per_block;
   const double cpu_per_byte = in.reduce_s_per_byte + codec.s_per_byte;
   t.latency_s = steps * in.latency_s;
@@ -284,11 +284,14 @@ double OverheadAt(const TimingInputs& in, int width, double t_ar_s) {
   return s1 + (s2 - s1) * (1 / t1 - 1 / t) / (1 / t1 - 1 / t2);
 }
 
+double ChunksPerBlock(const TimingInputs& in, double chunk_bytes) {
+  return std::ceil(in.model_bytes / in.workers / chunk_bytes);
+}
+
 double ChunkOverhead(const TimingInputs& in, int width, double chunk_bytes) {
   if (in.overhead_chunks_per_block <= 0 || in.workers <= 1) return 0;
   const double per_chunk = width == 1 ? in.sync_overhead_per_chunk_s : in.pipe_overhead_per_chunk_s;
-  const double m = std::ceil(in.model_bytes / in.workers / chunk_bytes);
-  return (m - in.overhead_chunks_per_block) * per_chunk;
+  return (ChunksPerBlock(in, chunk_bytes) - in.overhead_chunks_per_block) * per_chunk;
 }
 
 double FitChunkOverhead(double m_few, double sigma_few, double m_many, double sigma_many) {

@@ -189,6 +189,9 @@ CodecCost FitCodec(const TimingInputs& in, const std::string& name, double ratio
 // from the points at 1.6 and 11.8 ms; linear in T_AR, 0.4 ms off.
 double OverheadAt(const TimingInputs& in, int width, double t_ar_s);
 
+// m = ceil(M / (W S)): the chunks per ring block at `chunk_bytes` chunks.
+double ChunksPerBlock(const TimingInputs& in, double chunk_bytes);
+
 // What a step at `chunk_bytes` chunks adds beyond the sigmas' chunk count:
 // (m - overhead_chunks_per_block) x the width's per-chunk cost, m = ceil(M / (W S)); 0 where
 // the count is not known.
