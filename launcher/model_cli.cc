@@ -184,6 +184,17 @@ void RunModel(const ModelArgs& a) {
       in.pipe_overhead_per_chunk_s = j.value("pipe_overhead_per_chunk_s", 0.0);
       in.big_message_cpu_s_per_byte = j.value("big_message_cpu_s_per_byte", 0.0);
       in.loopback = j.value("loopback", false);  // earlier probes: links
+      in.host_cpus = j.value("host_cpus", 0.0);
+      // Earlier probes: no PS steps, the formulas.
+      const double ps_sync = j.value("ps_sync_step_s", 0.0);
+      const double ps_async = j.value("ps_async_step_s", 0.0);
+      if (in.workers > 1 && ps_sync > 0 && ps_async > 0) {
+        in.ps_probe_workers = in.workers - 1;
+        in.ps_sync_beyond_compute_s = std::max(0.0, ps_sync - in.compute_s);
+        in.ps_async_beyond_compute_s = std::max(0.0, ps_async - in.compute_s);
+        in.ps_sync_busy_cpus = j.value("ps_sync_busy_cpus", 0.0);
+        in.ps_async_busy_cpus = j.value("ps_async_busy_cpus", 0.0);
+      }
       in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
       for (const auto& c : j.at("codecs")) {
         codecs.push_back({c.at("name").get<std::string>(), c.at("ratio").get<double>(),
@@ -211,8 +222,12 @@ void RunModel(const ModelArgs& a) {
   if (a.latency_s >= 0) in.latency_s = a.latency_s;
   if (a.link_rate_bps > 0) in.bandwidth_Bps = a.link_rate_bps / 8;
   if (a.bandwidth_Bps > 0) in.bandwidth_Bps = a.bandwidth_Bps;
-  // A bandwidth given by hand is a link's: the PS schemes take it, not the loopback CPU.
+  // A bandwidth given by hand is a link's: the PS schemes take it, not the loopback CPU, nor
+  // the steps the probe timed on its network (nor with another model size).
   if (a.link_rate_bps > 0 || a.bandwidth_Bps > 0) in.loopback = false;
+  if (a.link_rate_bps > 0 || a.bandwidth_Bps > 0 || a.model_bytes > 0 || a.latency_s >= 0) {
+    in.ps_probe_workers = 0;
+  }
   if (a.compute_s >= 0) in.compute_s = a.compute_s;
   if (a.update_s >= 0) in.update_s = a.update_s;
   if (a.pipelined_update_s >= 0) in.pipelined_update_s = a.pipelined_update_s;
@@ -277,7 +292,12 @@ void RunModel(const ModelArgs& a) {
       {"pipe_overhead_per_chunk_s", in.pipe_overhead_per_chunk_s},
       {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
       {"transport_cpu_s_per_byte", in.transport_cpu_s_per_byte},
-      {"transport_cpu_s_per_message", in.transport_cpu_s_per_message}};
+      {"transport_cpu_s_per_message", in.transport_cpu_s_per_message},
+      {"host_cpus", in.host_cpus},
+      {"ps_sync_step_s less compute_s", in.ps_sync_beyond_compute_s},
+      {"ps_async_step_s less compute_s", in.ps_async_beyond_compute_s},
+      {"ps_sync_busy_cpus", in.ps_sync_busy_cpus},
+      {"ps_async_busy_cpus", in.ps_async_busy_cpus}};
   if (!a.probe_json.empty()) {
     non_negative.insert(non_negative.begin(),
                         {{"model_bytes", in.model_bytes},
@@ -381,10 +401,24 @@ void RunModel(const ModelArgs& a) {
   }
   if (in.compute_cpu_share <= 0 && in.workers > 1) {
     std::printf("# no CPU shares (a probe of an earlier version, or none): no CPU bound\n");
-  } else if (in.loopback && in.workers > 1) {
+  } else if (in.loopback && in.workers > 1 && in.ps_probe_workers == 0) {
     std::printf("# loopback (the probe's ranks share a host): the PS schemes' server moves its "
                 "bytes at the CPU it gets, %.3f ns per byte in whole-model messages, not at B\n",
                 in.big_message_cpu_s_per_byte * 1e9);
+  }
+  if (in.ps_probe_workers > 0 && in.workers > 1) {
+    std::printf("# the PS rows: the probe's real steps (rank 0 serving %d workers) beyond C, "
+                "%.3f ms synchronous and %.3f ms asynchronous, x %.3f and x %.3f for %d workers "
+                "and a server%s\n",
+                in.ps_probe_workers, in.ps_sync_beyond_compute_s * 1e3,
+                in.ps_async_beyond_compute_s * 1e3, train::PsScale(in, in.ps_sync_busy_cpus),
+                train::PsScale(in, in.ps_async_busy_cpus), in.workers,
+                in.loopback && in.host_cpus > 0
+                    ? fmt::format(" on {:.2f} CPUs of one host, of which they kept {:.2f} and "
+                                  "{:.2f} busy",
+                                  in.host_cpus, in.ps_sync_busy_cpus, in.ps_async_busy_cpus)
+                          .c_str()
+                    : "");
   }
   // Each row next to what it is made of: C + U, the communication, and for the ring schemes
   // T_AR's terms (docs/timing_models.md) with the one that sets it; "vs none" is what the
@@ -468,6 +502,12 @@ void RunModel(const ModelArgs& a) {
                         {"pipe_overhead_per_chunk_s", in.pipe_overhead_per_chunk_s},
                         {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
                         {"loopback", in.loopback},
+                        {"host_cpus", in.host_cpus},
+                        {"ps_probe_workers", in.ps_probe_workers},
+                        {"ps_sync_beyond_compute_s", in.ps_sync_beyond_compute_s},
+                        {"ps_async_beyond_compute_s", in.ps_async_beyond_compute_s},
+                        {"ps_sync_busy_cpus", in.ps_sync_busy_cpus},
+                        {"ps_async_busy_cpus", in.ps_async_busy_cpus},
                         {"reduce_s_per_byte", in.reduce_s_per_byte},
                         {"chunk_overhead_s", in.chunk_overhead_s},
                         {"contention", in.contention},

@@ -49,7 +49,16 @@ inline constexpr int kLoopback = kFastCodec + 3;
 // AllReduce alone, per chunk per ring block.
 inline constexpr int kFastSyncStepOther = kFastCodec + 4;
 inline constexpr int kFastPipeStepOther = kFastCodec + 5;
-inline constexpr int kFields = kFastCodec + 6;
+// The parameter-server schemes' real steps on the probe's ranks (MeasurePsSteps): at a worker
+// (ranks 1..W-1) the wall time per synchronous step and per asynchronous one; 0 at the server.
+inline constexpr int kPsSyncStep = kFastCodec + 6;
+inline constexpr int kPsAsyncStep = kFastCodec + 7;
+// The CPUs this rank may run on (ProcessCpus): on one host, what the ranks share.
+inline constexpr int kHostCpus = kFastCodec + 8;
+// The process's CPU time per second over the PS steps (the server's over its serving).
+inline constexpr int kPsSyncCpu = kFastCodec + 9;
+inline constexpr int kPsAsyncCpu = kFastCodec + 10;
+inline constexpr int kFields = kFastCodec + 11;
 constexpr int CodecField(int codec, bool large, bool cpu) {
   return kCodecAllReduce + 4 * codec + 2 * static_cast<int>(large) + static_cast<int>(cpu);
 }
@@ -80,6 +89,9 @@ inline uint64_t StepChunk(const config::Job& job, size_t params, int world_size)
   return chunk * static_cast<uint64_t>(world_size) >= 4 * params ? kLargeChunk : kMidChunk;
 }
 inline constexpr int kAllReduceReps = 10;
+// About how long each of the two PS schemes' timed steps run (seconds, over kStepRounds rounds),
+// in steps every rank agrees on.
+inline constexpr double kPsBudgetS = 0.6;
 
 // What the ring measurements need of the probe: the job, this rank's place, the model and its
 // compute and update times (the step counts are estimated from them).
@@ -99,5 +111,15 @@ struct RingProbe {
 // steps without a codec and with the fastest one. Fills `mine` and returns every rank's fields
 // (kFields per rank, rank order) at rank 0; at other ranks only the ranks before it are filled.
 std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine);
+
+// The parameter-server schemes' real steps on the probe's ranks, the job's own PsServer and
+// PsWorker on a scratch copy: rank 0 serves the W-1 others (`links`: rank 0's connections to
+// ranks 1..W-1 in order; another rank's one, to rank 0), which train `steps` synchronous steps
+// and then `steps` asynchronous ones, each after 2 untimed, kStepRounds times (the median). The job has W workers and a server;
+// the model scales what a step takes beyond C to W pushes (TimingInputs::ps_sync_step_s).
+// Fills kPsSyncStep, kPsAsyncStep, kPsSyncCpu and kPsAsyncCpu of `mine`.
+void MeasurePsSteps(transport::Transport& transport, std::vector<transport::Connection*> links,
+                    int rank, train::ClassifierTask& task, std::span<const float> params,
+                    const config::Job& job, int steps, std::vector<double>& mine);
 
 }  // namespace pipesgd::launcher::probe

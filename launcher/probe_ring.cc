@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "core/base/cpu_quota.h"
 #include "core/base/error.h"
 #include "core/base/measure.h"
 #include "core/collective/codec.h"
@@ -35,7 +36,15 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
   std::vector<double> all(static_cast<size_t>(kFields) * env.world_size, 0.0);
   std::vector<double> times;
   const int w = env.world_size, r = env.rank;
-  const std::vector<int> peers = collective::Communicator::RingPeers(r, w);
+  // The ring's neighbours and, for the PS exchange, a star around rank 0.
+  std::vector<int> peers = collective::Communicator::RingPeers(r, w);
+  if (r == 0) {
+    for (int q = 1; q < w; ++q) peers.push_back(q);
+  } else if (w > 1) {
+    peers.push_back(0);
+  }
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   job::PeerLinks links = job::ConnectPeers(env, "pipesgd " PIPESGD_VERSION " probe\n" + job::JobDescription(job),
                                  peers, job.comm(), Deadline::After(job.comm().start_timeout_s()),
                                  fmt::format("comm.start_timeout_s = {} s", job.comm().start_timeout_s()));
@@ -46,6 +55,7 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
     Throw(ErrorCode::kInternal, "probe: no connection to rank {}", peer);
   };
   mine[kLoopback] = transport::IsLoopbackIp(links.data_address) ? 1.0 : 0.0;
+  mine[kHostCpus] = ProcessCpus();
   transport::Connection& right = conn((r + 1) % w);
   transport::Connection& left = conn((r + w - 1) % w);
   Prober prober(*links.transport, job.comm().timeout_s());
@@ -248,6 +258,22 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
     mine[kFastPipeStep] = Median(rounds[3]);
     mine[kFastSyncStepOther] = Median(rounds[4]);
     mine[kFastPipeStepOther] = Median(rounds[5]);
+
+    // The PS schemes' steps: a synchronous one computes and moves (W-1) models into rank 0 and
+    // out, at about W times the 16 MiB AllReduce's link time; the step count, as above, agreed.
+    std::vector<float> ps_estimate = {static_cast<float>(compute_s + w * mine[9])};
+    ring->AllReduce(ps_estimate, collective::ReduceOp::kAverage,
+                    Deadline::After(job.comm().timeout_s()));
+    const int ps_steps = std::clamp(
+        static_cast<int>(kPsBudgetS / kStepRounds / std::max(1e-6, double(ps_estimate[0]))), 3,
+        30);
+    std::vector<transport::Connection*> star;
+    if (r == 0) {
+      for (int q = 1; q < w; ++q) star.push_back(&conn(q));
+    } else {
+      star.push_back(&conn(0));
+    }
+    MeasurePsSteps(*links.transport, star, r, task, params, job, ps_steps, mine);
   }
   // Gather every rank's numbers at rank 0: one pass around the ring.
   const size_t bytes = all.size() * sizeof(double);

@@ -209,6 +209,11 @@ void RunProbe(const ProbeArgs& args) {
                         {"fast_other_pipe_step_s", v[kFastPipeStepOther]},
                         {"reduce_s_per_byte", v[5]},
                         {"loopback", v[kLoopback] == 1.0},
+                        {"ps_sync_step_s", v[kPsSyncStep]},
+                        {"ps_async_step_s", v[kPsAsyncStep]},
+                        {"host_cpus", v[kHostCpus]},
+                        {"ps_sync_cpu_share", v[kPsSyncCpu]},
+                        {"ps_async_cpu_share", v[kPsAsyncCpu]},
                         {"cpu", {{"compute_share", v[kComputeCpuShare]},
                                  {"share", v[kCpuShare]},
                                  {"overlap_compute_s", v[kOverlapComputeCpu]},
@@ -243,6 +248,10 @@ void RunProbe(const ProbeArgs& args) {
   double pipe_step = 0;  // and width-2 step
   double fast_sync_step = 0, fast_pipe_step = 0;  // the same with the fast codec
   double fast_sync_step_other = 0, fast_pipe_step_other = 0;  // and at the other chunk size
+  // The PS schemes' real steps (rank 0 serving the others), the slowest worker's.
+  double ps_sync_step = 0, ps_async_step = 0;
+  // And the CPUs they kept busy: every rank's CPU time per second over them, summed.
+  double ps_sync_cpus = 0, ps_async_cpus = 0;
   // The CPU shares of the rank that computes slowest (they go with its C); the AllReduce's CPU
   // time per call, the median over ranks (small, mid, large chunks).
   double compute_cpu_share = 0, cpu_share = 0;
@@ -274,6 +283,10 @@ void RunProbe(const ProbeArgs& args) {
       fast_pipe_step = std::max(fast_pipe_step, all[kFields * r + kFastPipeStep]);
       fast_sync_step_other = std::max(fast_sync_step_other, all[kFields * r + kFastSyncStepOther]);
       fast_pipe_step_other = std::max(fast_pipe_step_other, all[kFields * r + kFastPipeStepOther]);
+      ps_sync_step = std::max(ps_sync_step, all[kFields * r + kPsSyncStep]);
+      ps_async_step = std::max(ps_async_step, all[kFields * r + kPsAsyncStep]);
+      ps_sync_cpus += all[kFields * r + kPsSyncCpu];
+      ps_async_cpus += all[kFields * r + kPsAsyncCpu];
     }
     overhead = Median(ovh);
     reduce = Median(rho);
@@ -486,9 +499,16 @@ void RunProbe(const ProbeArgs& args) {
               pipelined_update * 1e3, overhead * 1e6, reduce * 1e9);
   if (loopback) {
     std::printf("# every rank's connections are on a loopback address: no link between the "
-                "ranks, the kernel copies the bytes on their cores (the PS schemes' server "
-                "costs CPU: %.3f ns per byte in whole-model messages)\n",
-                big_message_cpu * 1e9);
+                "ranks, the kernel copies the bytes on their cores (%.2f CPUs; the PS schemes' "
+                "server costs CPU: %.3f ns per byte in whole-model messages)\n",
+                all[kHostCpus], big_message_cpu * 1e9);
+  }
+  if (env.world_size > 1) {
+    std::printf("# the PS schemes' real steps, rank 0 serving the %d others, slowest worker: "
+                "%.3f ms synchronous, %.3f ms asynchronous; every rank's CPU over them: %.2f "
+                "and %.2f CPUs\n",
+                env.world_size - 1, ps_sync_step * 1e3, ps_async_step * 1e3, ps_sync_cpus,
+                ps_async_cpus);
   }
   if (!args.json_path.empty()) {
     nlohmann::json j = {{"world_size", env.world_size},
@@ -550,6 +570,11 @@ void RunProbe(const ProbeArgs& args) {
                         {"pipe_overhead_s", pipe_overhead},
                         {"big_message_cpu_s_per_byte", big_message_cpu},
                         {"loopback", loopback},
+                        {"host_cpus", all[kHostCpus]},
+                        {"ps_sync_step_s", ps_sync_step},
+                        {"ps_async_step_s", ps_async_step},
+                        {"ps_sync_busy_cpus", ps_sync_cpus},
+                        {"ps_async_busy_cpus", ps_async_cpus},
                         {"allreduce_cpu_s", {{std::to_string(kSmallChunk), cpu_allreduce[0]},
                                              {std::to_string(kMidChunk), cpu_allreduce[1]},
                                              {std::to_string(kLargeChunk), cpu_allreduce[2]}}},

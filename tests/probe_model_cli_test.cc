@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <string>
@@ -150,6 +151,36 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   EXPECT_TRUE(j["loopback"].get<bool>());
   for (const auto& rank : j["per_rank"]) EXPECT_TRUE(rank["loopback"].get<bool>()) << rank.dump();
   EXPECT_EQ(j["big_message_cpu_s_per_byte"].get<double>(), Median(exchange_cpu));
+  // The PS schemes' real steps: rank 0 served the two others, whose steps (each a compute and
+  // a push) the model scales; the slowest worker's. The host's CPUs, what the ranks share.
+  double ps_sync_max = 0, ps_async_max = 0;
+  for (const auto& rank : j["per_rank"]) {
+    const double sync = rank["ps_sync_step_s"].get<double>();
+    const double async = rank["ps_async_step_s"].get<double>();
+    if (rank["rank"] == 0) {
+      EXPECT_EQ(sync, 0.0);
+      EXPECT_EQ(async, 0.0);
+    } else {
+      EXPECT_GT(sync, 0) << rank.dump();
+      EXPECT_GT(async, 0) << rank.dump();
+    }
+    ps_sync_max = std::max(ps_sync_max, sync);
+    ps_async_max = std::max(ps_async_max, async);
+    EXPECT_GE(rank["host_cpus"].get<double>(), 1) << rank.dump();
+  }
+  EXPECT_EQ(j["ps_sync_step_s"].get<double>(), ps_sync_max);
+  EXPECT_EQ(j["ps_async_step_s"].get<double>(), ps_async_max);
+  // The CPUs they kept busy: every rank's (the server's too) CPU time per second, summed.
+  for (const char* scheme : {"ps_sync", "ps_async"}) {
+    double busy = 0;
+    for (const auto& rank : j["per_rank"]) {
+      const double share = rank[std::string(scheme) + "_cpu_share"].get<double>();
+      EXPECT_GT(share, 0) << scheme << " " << rank.dump();
+      busy += share;
+    }
+    EXPECT_NEAR(j[std::string(scheme) + "_busy_cpus"].get<double>(), busy, 1e-12) << scheme;
+  }
+  EXPECT_EQ(j["host_cpus"].get<double>(), j["per_rank"][0]["host_cpus"].get<double>());
   // Every codec's own AllReduce at 64 KiB and 16 MiB chunks, the slowest rank's each; its kappa
   // and CPU fitted to them, no lower than -rho (its decode adds in the same pass).
   ASSERT_EQ(j["codecs"].size(), 6u);
@@ -184,9 +215,33 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
     EXPECT_EQ(m4[2], m4[5]) << m4[0];
   }
   EXPECT_TRUE(gamma >= 0 && gamma <= 1) << gamma;
-  auto m = RunCommand({kBinary, "model", "--probe", json});
+  const std::string model_json = dir.path("model.json");
+  auto m = RunCommand({kBinary, "model", "--probe", json, "--json", model_json});
   ASSERT_EQ(m.exit_code, 0) << m.out << m.err;
   EXPECT_NE(m.out.find("best: "), std::string::npos) << m.out;
+  // The PS rows from those steps: C + (step - C) x W / (W - 1), and on this host of K CPUs, of
+  // which the probe's 3 processes kept D busy, x max(1, D x 4/3 / K) / max(1, D / K): 3 workers
+  // and a server where the probe ran 2 and one.
+  {
+    std::ifstream model_in(model_json);
+    const auto mj = nlohmann::json::parse(model_in);
+    const double c = j["compute_s"].get<double>(), k = j["host_cpus"].get<double>();
+    EXPECT_NE(m.out.find("# the PS rows: the probe's real steps (rank 0 serving 2 workers)"),
+              std::string::npos)
+        << m.out;
+    int ps_rows = 0;
+    for (const auto& row : mj["rows"]) {
+      const std::string scheme = row["scheme"].get<std::string>();
+      if (scheme.rfind("ps_", 0) != 0) continue;
+      ++ps_rows;
+      const double step = j[scheme + "_step_s"].get<double>();
+      const double busy = j[scheme + "_busy_cpus"].get<double>();
+      const double scale = 1.5 * std::max(1.0, busy * 4 / 3 / k) / std::max(1.0, busy / k);
+      EXPECT_NEAR(row["iteration_s"].get<double>(), c + std::max(0.0, step - c) * scale, 1e-12)
+          << row.dump();
+    }
+    EXPECT_EQ(ps_rows, 2);
+  }
   // The probe's spread over the ranks beside the model's value for the same thing.
   EXPECT_NE(m.out.find(fmt::format("# measured by the probe on 3 ranks (min / median / max): "
                                    "compute {:.3f} / ",
@@ -359,7 +414,13 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
           {"nocodec.json: codecs = []: expected the list a probe writes, \"none\" first"});
   refused("renamed.json", [](auto& b) { b["codecs"][0]["name"] = "bogus"; },
           {"renamed.json: codecs = [bogus, "});
-  refused("huge.json", [](auto& b) { b["model_bytes"] = 1e308; },
+  // (As a probe before the PS steps were timed: the PS formulas' rows, which overflow first.)
+  refused("huge.json",
+          [](auto& b) {
+            b["model_bytes"] = 1e308;
+            b.erase("ps_sync_step_s");
+            b.erase("ps_async_step_s");
+          },
           {"gives -nan s per iteration", "M = 1e+308 B", "expected inputs whose times are finite"});
   // One worker over a probe of 3 ranks: C + U alone (no sigma: it waits for no AllReduce), width
   // 1, and none of the 3 ranks' measurements set beside a model of another world.
@@ -557,6 +618,31 @@ TEST(ParameterServer, TrainsAndReportsAndTimelineMerges) {
     }
   }
   EXPECT_EQ(forward.size(), 10u);  // 2 ranks x steps 10..14
+  // A PS job's timeline: the server (rank 0) writes its file too (the merge failed without it),
+  // with its sum and update of each synchronous step beside the workers' spans.
+  const std::string ps_tl = dir.path("ps_tl.json");
+  r = RunCommand({kBinary, "run", "-np", "3", kConfig, "--set", "train.mode=PS_SYNC", "--set",
+                  "train.max_steps=30", "--set", "train.epochs=1", "--set",
+                  "data.train_limit=2000", "--set", "data.test_limit=500", "--timeline", ps_tl,
+                  "--timeline-first-step", "10", "--timeline-steps", "5"},
+                 {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream ps_in(ps_tl);
+  const auto ps = nlohmann::json::parse(ps_in);
+  std::map<std::pair<int, std::string>, std::set<int64_t>> steps;
+  for (const auto& e : ps["traceEvents"]) {
+    if (e["ph"] == "X") {
+      steps[{e["pid"].get<int>(), e["name"].get<std::string>()}].insert(
+          e["args"]["step"].get<int64_t>());
+    }
+  }
+  const std::set<int64_t> want = {10, 11, 12, 13, 14};
+  EXPECT_EQ((steps[{0, "reduce"}]), want);
+  EXPECT_EQ((steps[{0, "update"}]), want);
+  for (int worker : {1, 2}) {
+    EXPECT_EQ((steps[{worker, "forward"}]), want) << worker;
+    EXPECT_EQ((steps[{worker, "pull"}]), want) << worker;
+  }
 }
 
 }  // namespace

@@ -483,6 +483,51 @@ TEST(TimingModel, PsOverLoopbackByHand) {
   EXPECT_NEAR(PsSyncTime(in, kNone), 0.2832, 1e-12);
 }
 
+TEST(TimingModel, PsFromTheProbesStepsByHand) {
+  // The probe's 4 ranks: rank 0 served 3 workers, whose steps took 2.7 ms (sync) and 2.2 ms
+  // (async) beyond C = 10 ms, and kept 1.9 and 1.6 CPUs busy. The job has W = 4 workers and a
+  // server.
+  TimingInputs in = Lab();
+  in.ps_probe_workers = 3;
+  in.ps_sync_beyond_compute_s = 2.7e-3;
+  in.ps_async_beyond_compute_s = 2.2e-3;
+  in.ps_sync_busy_cpus = 1.9;
+  in.ps_async_busy_cpus = 1.6;
+  // Nodes of their own: the server takes 4 pushes where it took 3.
+  EXPECT_NEAR(PsScale(in, 1.9), 4.0 / 3, 1e-15);
+  EXPECT_NEAR(PsSyncTime(in, kNone), 0.01 + 2.7e-3 * 4 / 3, 1e-15);
+  EXPECT_NEAR(PsAsyncTime(in, kNone), 0.01 + 2.2e-3 * 4 / 3, 1e-15);
+  // The formulas' CPU bound is not added to a measured step.
+  in.compute_cpu_share = 0.5;
+  in.cpu_share = 0.4;
+  EXPECT_EQ(PsAsyncCpuBoundTime(in, kNone), 0.0);
+  // One host of 2 CPUs (loopback): the job's 5 processes would ask 1.9 x 5/4 = 2.375 CPUs of
+  // the 2, x 1.1875; async 1.6 x 5/4 = 2.0, x 1 (no more than the host has).
+  in.loopback = true;
+  in.host_cpus = 2;
+  EXPECT_NEAR(PsScale(in, 1.9), 4.0 / 3 * 1.1875, 1e-15);
+  EXPECT_NEAR(PsSyncTime(in, kNone), 0.01 + 2.7e-3 * 4 / 3 * 1.1875, 1e-15);
+  EXPECT_NEAR(PsAsyncTime(in, kNone), 0.01 + 2.2e-3 * 4 / 3, 1e-15);
+  // 8 CPUs: room for every process either way; only the pushes scale.
+  in.host_cpus = 8;
+  EXPECT_NEAR(PsScale(in, 1.9), 4.0 / 3, 1e-15);
+  // A probe that already had its host busy (a quota read below what it used): relative to it.
+  in.host_cpus = 1.5;
+  EXPECT_NEAR(PsScale(in, 1.9), 4.0 / 3 * (2.375 / 1.5) / (1.9 / 1.5), 1e-12);
+  // Asked for 8 workers (`model --workers 8`) on 2 CPUs: 8/3 pushes, 1.9 x 9/4 = 4.275 CPUs.
+  in.host_cpus = 2;
+  in.workers = 8;
+  EXPECT_NEAR(PsScale(in, 1.9), 8.0 / 3 * 4.275 / 2, 1e-12);
+  // Busy CPUs not known (0): the pushes alone.
+  EXPECT_NEAR(PsScale(in, 0), 8.0 / 3, 1e-15);
+  // Not measured: the formulas (the loopback CPU ones, with the shares).
+  in.workers = 4;
+  in.ps_probe_workers = 0;
+  in.big_message_cpu_s_per_byte = 0.5e-9;
+  in.transport_cpu_s_per_message = 1e-5;
+  EXPECT_NEAR(PsSyncTime(in, kNone), 0.04336, 1e-12);
+}
+
 TEST(TimingModel, FitTransportCpuRecoversPerByteAndPerMessage) {
   TimingInputs in = Lab();
   in.transport_cpu_s_per_byte = 0.4e-9;

@@ -1,6 +1,10 @@
 #include "core/base/cpu_quota.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <charconv>
+#include <thread>
 #include <fstream>
 #include <sstream>
 #include <tuple>
@@ -94,6 +98,18 @@ std::optional<CpuQuota> ProcessCpuQuota() {
   std::stringstream text;
   text << in.rdbuf();
   return CpuQuotaOf(text.str(), "/sys/fs/cgroup");
+}
+
+double ProcessCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  double cpus = sched_getaffinity(0, sizeof(set), &set) == 0
+                    ? CPU_COUNT(&set)
+                    : std::max(1u, std::thread::hardware_concurrency());
+  if (const auto quota = ProcessCpuQuota(); quota && quota->cpus > 0) {
+    cpus = std::min(cpus, quota->cpus);
+  }
+  return cpus;
 }
 
 }  // namespace pipesgd

@@ -26,4 +26,8 @@ std::optional<CpuQuota> CpuQuotaOf(std::string_view proc_self_cgroup,
 // The same for this process (/proc/self/cgroup, /sys/fs/cgroup).
 std::optional<CpuQuota> ProcessCpuQuota();
 
+// The CPU time per second this process may take: the CPUs its affinity mask allows (taskset,
+// cpusets), or the quota where that is lower. >= 1 CPU's worth unless a quota says less.
+double ProcessCpus();
+
 }  // namespace pipesgd

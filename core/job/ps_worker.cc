@@ -157,7 +157,11 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
     std::vector<transport::Connection*> conns;
     for (auto& c : links.connections) conns.push_back(c.get());
     train::PsServer ps(*links.transport, conns, sgd, params, options);
+    // Rank 0's file too: a local run merges every rank's, and a missing one failed the job.
+    const std::unique_ptr<timeline::Recorder> recorder = detail::TimelineRecorder(args, env);
+    ps.set_timeline(recorder.get());
     ps.Run();
+    detail::WriteTimeline(recorder.get(), args, env);
     PSGD_LOG_INFO("parameter server: {} updates applied, largest staleness {} updates, {:.1f} s",
                   ps.updates(), ps.max_staleness(), Seconds(start));
     return;

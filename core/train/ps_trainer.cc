@@ -129,6 +129,8 @@ void PsServer::SyncStepIfReady() {
     if (!p.message_ready || p.recv_header.kind != PsHeader::kPush) return;
   }
   const size_t w = peers_.size();
+  if (timeline_) timeline_->SetStep(timeline::kCompute, sync_step_);
+  timeline::Span reduce(timeline_, timeline::kCompute, "reduce");
   // Worker order 1..W, in float32 as the ring sums: the same values, reassociated.
   std::copy(peers_[0].inbox.begin(), peers_[0].inbox.end(), accumulate_.begin());
   for (size_t i = 1; i < w; ++i) {
@@ -143,7 +145,11 @@ void PsServer::SyncStepIfReady() {
           "diverged (try a lower learning rate or momentum)",
           sync_step_, accumulate_[num_params_]);
   }
-  optimizer_.Apply(params_, std::span<const float>(accumulate_.data(), num_params_));
+  reduce.End();
+  {
+    timeline::Span update(timeline_, timeline::kCompute, "update");
+    optimizer_.Apply(params_, std::span<const float>(accumulate_.data(), num_params_));
+  }
   ++updates_;
   std::copy(params_.begin(), params_.end(), accumulate_.begin());  // loss stays at the end
   for (Peer& p : peers_) {
@@ -203,9 +209,12 @@ void PsServer::Handle(Peer& p) {
           p.rank, h.step, loss);
   }
   max_staleness_ = std::max(max_staleness_, updates_ - p.pulled_at);
+  if (timeline_) timeline_->SetStep(timeline::kCompute, h.step);
+  timeline::Span update(timeline_, timeline::kCompute, "update");
   const float scale = 1.0f / static_cast<float>(peers_.size());
   for (size_t j = 0; j < num_params_; ++j) accumulate_[j] = p.inbox[j] * scale;
   optimizer_.Apply(params_, std::span<const float>(accumulate_.data(), num_params_));
+  update.End();
   ++updates_;
   std::copy(params_.begin(), params_.end(), accumulate_.begin());
   accumulate_[num_params_] = loss;

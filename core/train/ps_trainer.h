@@ -89,6 +89,10 @@ class PsServer {
   // the arrival of the gradient computed on them (sync: always 0).
   int64_t max_staleness() const { return max_staleness_; }
 
+  // Spans of the server's own work (the sum of the W gradients, the update) at the step of the
+  // push they serve, so that a job's --timeline has rank 0 beside its workers.
+  void set_timeline(timeline::Recorder* recorder) { timeline_ = recorder; }
+
  private:
   struct Peer {
     transport::Connection* conn = nullptr;
@@ -127,6 +131,7 @@ class PsServer {
   int64_t max_staleness_ = 0;
   int64_t sync_step_ = 0;
   int64_t sum_calls_ = 0;
+  timeline::Recorder* timeline_ = nullptr;
 };
 
 // Ranks 1..W. Computes a gradient on the weights it holds, pushes it and replaces its weights

@@ -346,8 +346,22 @@ double FitPipeOverhead(const TimingInputs& in, const CodecCost& codec, double ch
   return measured_step_s - PipeBase(in, codec, chunk_bytes, 2, measured_allreduce_s);
 }
 
+double PsScale(const TimingInputs& in, double busy_cpus) {
+  PSGD_CHECK(in.ps_probe_workers > 0 && in.workers >= 1);
+  const double n = in.ps_probe_workers, w = in.workers;
+  double scale = w / n;
+  if (in.loopback && in.host_cpus > 0 && busy_cpus > 0) {
+    const double k = in.host_cpus;
+    scale *= std::max(1.0, busy_cpus * (w + 1) / ((n + 1) * k)) / std::max(1.0, busy_cpus / k);
+  }
+  return scale;
+}
+
 double PsSyncTime(const TimingInputs& in, const CodecCost& codec) {
   PSGD_CHECK(in.bandwidth_Bps > 0 && codec.ratio >= 1);
+  if (in.ps_probe_workers > 0) {
+    return in.compute_s + in.ps_sync_beyond_compute_s * PsScale(in, in.ps_sync_busy_cpus);
+  }
   const double w = in.workers, m = in.model_bytes;
   const double server_bytes = PsOverLoopback(in)
                                   ? w * PsPushCpu(in, codec) / RankCpu(in)
@@ -358,6 +372,9 @@ double PsSyncTime(const TimingInputs& in, const CodecCost& codec) {
 
 double PsAsyncTime(const TimingInputs& in, const CodecCost& codec) {
   PSGD_CHECK(in.bandwidth_Bps > 0 && codec.ratio >= 1);
+  if (in.ps_probe_workers > 0) {
+    return in.compute_s + in.ps_async_beyond_compute_s * PsScale(in, in.ps_async_busy_cpus);
+  }
   const double w = in.workers, m = in.model_bytes;
   const bool loopback = PsOverLoopback(in);
   const double push_bytes = loopback ? PsPushCpu(in, codec) / RankCpu(in)
@@ -371,7 +388,7 @@ double PsAsyncTime(const TimingInputs& in, const CodecCost& codec) {
 
 double PsAsyncCpuBoundTime(const TimingInputs& in, const CodecCost& codec) {
   const double share = RankCpu(in);
-  if (share <= 0) return 0;
+  if (share <= 0 || in.ps_probe_workers > 0) return 0;
   const double w = in.workers, m = in.model_bytes, s_c = in.compute_cpu_share;
   const double transport = PsPushCpu(in, codec);
   const double server =

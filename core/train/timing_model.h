@@ -57,6 +57,21 @@ struct TimingInputs {
   // W models out at 4.0-7.5 ms where they took 2.6-3.5 ms (4 ranks on 2 cores). Only with the
   // shares (the CPU bound's inputs); the ring's terms are fitted either way.
   bool loopback = false;
+  // The PS schemes' steps as `pipesgd probe` timed them, less C: the job's PsServer and PsWorker
+  // on the probe's ranks, rank 0 serving ps_probe_workers workers (the probe's W - 1), the
+  // slowest worker's synchronous and asynchronous step; and the CPUs they kept busy (every
+  // rank's CPU time per second over them, summed). 0 workers: not measured, the formulas below
+  // hold. The job has W workers and a server: PsSyncTime scales what the step takes beyond C by
+  // W / ps_probe_workers pushes and, on one host, by how much more the job's W + 1 processes
+  // would ask of its CPUs (PsScale). The formulas put 4 workers and a server on 2 cores at +16%
+  // (sync) and +27% (async) of their measured steps: the server's CPU share there is between
+  // a rank's and a core.
+  double ps_sync_beyond_compute_s = 0;
+  double ps_async_beyond_compute_s = 0;
+  int ps_probe_workers = 0;
+  double ps_sync_busy_cpus = 0;
+  double ps_async_busy_cpus = 0;
+  double host_cpus = 0;  // the CPUs the ranks' host gives them all (affinity, quota); 0: not known
   // sigma: what a synchronous step takes beyond C + U + T_AR (or the CPU bound): ranks that
   // reach the AllReduce at different times (a shared core's time slices, a preempted rank), the
   // hand-off to the communication thread, the step's bookkeeping. Width 2 hides it behind the
@@ -236,7 +251,18 @@ double FitPipeOverhead(const TimingInputs& in, const CodecCost& codec, double ch
 //     + 2 M kappa + W M kappa                    codec: worker encodes/decodes, server decodes
 // On loopback (TimingInputs::loopback, with the shares) the server's link term is its CPU for
 // those bytes instead, W X / max(s, s_c), X as in PsAsyncCpuBoundTime.
+// Where the probe timed the PS steps (TimingInputs::ps_probe_workers > 0) the float32 step is
+// that instead: C + (the probed step - C) x PsScale.
 double PsSyncTime(const TimingInputs& in, const CodecCost& codec);
+
+// From the probe's n = ps_probe_workers workers to W: the server's pushes per step, W / n; on
+// one host (loopback, host_cpus = K known) also the CPU each process gets, where the probe's
+// n + 1 processes kept D = busy_cpus of the K busy and the job's W + 1 would ask D (W+1)/(n+1):
+// x max(1, D (W+1) / ((n+1) K)) / max(1, D / K). On 2 cores, 4 workers: the probe's 4
+// processes kept 1.47-1.84 busy, the job's 5 would ask 1.84-2.30, x 1.0-1.15; 3 workers: 1.36
+// and 1.46 busy, x 1 (taking every process as always busy gave x 1.33 there and predicted 3
+// workers 31-40% slow).
+double PsScale(const TimingInputs& in, double busy_cpus);
 
 // Asynchronous parameter server: each worker's cycle, or the server's link or CPU when W
 // workers share it, whichever is slower (papers.md 1.5, second row, for full-duplex links):
@@ -246,6 +272,7 @@ double PsSyncTime(const TimingInputs& in, const CodecCost& codec);
 //   or the CPU bound (PsAsyncCpuBoundTime) if longer. On loopback (with the shares) a push's
 //   bytes cost the worker X / max(s, s_c) in place of 2 M / (r B), and the server's bytes are
 //   CPU, which the bound holds: no link term.
+// Measured by the probe: C + (the probed asynchronous step - C) x PsScale, as PsSyncTime.
 double PsAsyncTime(const TimingInputs& in, const CodecCost& codec);
 
 // The asynchronous server's CPU bound, as CpuBoundTime for the ring (0 where the shares are not
@@ -257,6 +284,7 @@ double PsAsyncTime(const TimingInputs& in, const CodecCost& codec);
 // cpu_big: per byte sent (and one received) in whole-model messages, or cpu_byte if not known.
 // The server is one more process than the W ranks the shares were measured on: where it shares
 // their cores, its share is lower than s.
+// 0 where the probe timed the steps (they hold the bound).
 double PsAsyncCpuBoundTime(const TimingInputs& in, const CodecCost& codec);
 
 // One row of `pipesgd model`.
