@@ -222,10 +222,13 @@ void RunModel(const ModelArgs& a) {
   if (a.latency_s >= 0) in.latency_s = a.latency_s;
   if (a.link_rate_bps > 0) in.bandwidth_Bps = a.link_rate_bps / 8;
   if (a.bandwidth_Bps > 0) in.bandwidth_Bps = a.bandwidth_Bps;
-  // A bandwidth given by hand is a link's: the PS schemes take it, not the loopback CPU, nor
-  // the steps the probe timed on its network (nor with another model size).
+  // A bandwidth given by hand is a link's: the PS schemes take it, not the loopback CPU. Nor do
+  // they take the steps the probe timed where a hand value changes what those steps hold (the
+  // link, the model, the server's update or sum): the formulas then. C and W by hand keep them
+  // (C + what the step took beyond C, scaled to W).
   if (a.link_rate_bps > 0 || a.bandwidth_Bps > 0) in.loopback = false;
-  if (a.link_rate_bps > 0 || a.bandwidth_Bps > 0 || a.model_bytes > 0 || a.latency_s >= 0) {
+  if (a.link_rate_bps > 0 || a.bandwidth_Bps > 0 || a.model_bytes > 0 || a.latency_s >= 0 ||
+      a.update_s >= 0 || a.reduce_s_per_byte >= 0) {
     in.ps_probe_workers = 0;
   }
   if (a.compute_s >= 0) in.compute_s = a.compute_s;

@@ -166,7 +166,7 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
     }
     ps_sync_max = std::max(ps_sync_max, sync);
     ps_async_max = std::max(ps_async_max, async);
-    EXPECT_GE(rank["host_cpus"].get<double>(), 1) << rank.dump();
+    EXPECT_GT(rank["host_cpus"].get<double>(), 0) << rank.dump();  // under 1 with a quota
   }
   EXPECT_EQ(j["ps_sync_step_s"].get<double>(), ps_sync_max);
   EXPECT_EQ(j["ps_async_step_s"].get<double>(), ps_async_max);

@@ -9,6 +9,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "core/base/error.h"
 #include "core/data/dataset.h"
 #include "core/train/classifier_task.h"
@@ -174,6 +176,62 @@ TEST(PsHeader, MismatchNamesBothSides) {
               std::string::npos)
         << e.what();
     EXPECT_NE(std::string(e.what()).find("expected a weights message for step 4"), std::string::npos);
+  }
+}
+
+// A worker sends a push of 5 values where 1001 are due: the server throws kDataLoss naming it,
+// and closes its transport first, so the header receive it had posted for the other worker
+// fails while the server still holds it (without the close, the connection's destructor later
+// failed that op after the server had freed it: ASan's heap-use-after-free). Both workers see
+// their connection end.
+TEST(PsServer, ABadPushFailsTheServerAndItsPostedReceivesInOrder) {
+  auto results = RunRanks(3, [&](const RankContext& ctx) -> std::string {
+    Star star = ConnectStar(ctx);
+    std::vector<float> w(kParams, 0.0f);
+    const train::PsOptions options{train::PsMode::kSync, 30};
+    if (ctx.rank == 0) {
+      train::SgdOptimizer sgd({1.0f, 0.0f, 0.0f}, kParams);
+      std::vector<transport::Connection*> conns;
+      for (auto& c : star.connections) conns.push_back(c.get());
+      train::PsServer server(*star.transport, conns, sgd, w, options);
+      try {
+        server.Run();
+      } catch (const Error& e) {
+        return fmt::format("{} {}", static_cast<int>(e.code()), e.what());
+      }
+      return "no error";
+    }
+    transport::Connection& conn = *star.connections[0];
+    transport::Op send, recv;
+    train::PsHeader bad;
+    bad.kind = train::PsHeader::kPush;
+    bad.count = 5;
+    bad.sender_rank = static_cast<uint32_t>(ctx.rank);
+    std::vector<float> payload(5, 1.0f);
+    uint64_t word = 0;
+    recv.Set(&word, sizeof(word));
+    conn.PostRecv(recv);
+    if (ctx.rank == 1) {
+      send.Set(&bad, sizeof(bad), payload.data(), payload.size() * sizeof(float));
+      conn.PostSend(send);
+      star.transport->Wait(send, Deadline::After(30), "the bad push");
+    }
+    try {
+      star.transport->Wait(recv, Deadline::After(30), "the server's end");
+    } catch (const Error& e) {
+      return fmt::format("closed {}", static_cast<int>(e.code()));
+    }
+    return "received";
+  });
+  for (int r = 0; r < 3; ++r) ASSERT_EQ(results[r].exit_code, 0) << r << ": " << results[r].error;
+  EXPECT_NE(results[0].output.find(fmt::format("{} ", static_cast<int>(ErrorCode::kDataLoss))),
+            std::string::npos)
+      << results[0].output;
+  EXPECT_NE(results[0].output.find("rank 1 sent a push message (kind 1) with 5 values"),
+            std::string::npos)
+      << results[0].output;
+  for (int r : {1, 2}) {
+    EXPECT_EQ(results[r].output.rfind("closed ", 0), 0u) << r << ": " << results[r].output;
   }
 }
 

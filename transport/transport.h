@@ -192,7 +192,9 @@ class Transport {
   // computes). Never throws; errors surface through the ops.
   virtual void Poll() = 0;
 
-  // Closes every connection; pending ops fail with kAborted. Idempotent.
+  // Closes every connection; pending ops fail with kAborted. Idempotent. TCP: every pending op
+  // has failed when it returns and none is referenced after (a caller may free them next);
+  // UCX and ibverbs fail them here or at the next progress (not checked for ops freed at once).
   virtual void Close() = 0;
 
  protected:

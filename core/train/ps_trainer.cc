@@ -224,6 +224,17 @@ void PsServer::Handle(Peer& p) {
 }
 
 void PsServer::Run() {
+  try {
+    Serve();
+  } catch (...) {
+    // Its receives are posted into peers_, which die with this server while the connections
+    // live on: fail them now (a connection that closes later wrote into freed ops).
+    transport_.Close();
+    throw;
+  }
+}
+
+void PsServer::Serve() {
   for (Peer& p : peers_) PostHeader(p);
   auto last_message = Deadline::Clock::now();
   const auto timeout = std::chrono::duration_cast<Deadline::Clock::duration>(
@@ -305,17 +316,23 @@ void PsWorker::Exchange(uint32_t kind, int64_t step, std::span<const float> out,
   }
   send.Set(&send_header, sizeof(PsHeader), out.data(), out.size() * sizeof(float));
   const auto deadline = Deadline::After(options_.timeout_s);
-  {
-    timeline::Span span(timeline_, timeline::kCompute, "push");
-    server_.PostSend(send);
-    transport_.Wait(send, deadline, "a message to the parameter server (rank 0)");
-  }
-  if (kind == PsHeader::kPush) push_bytes_ += sizeof(PsHeader) + out.size() * sizeof(float);
-  timeline::Span span(timeline_, timeline::kCompute, "pull");
-  transport_.Wait(recv_header_op, deadline, "the parameter server's reply (rank 0)");
-  CheckPsHeader(recv_header, reply_kind, step, in.size(), rank_, 0);
-  if (!in.empty()) {
-    transport_.Wait(recv_payload, deadline, "the parameter server's reply (rank 0)");
+  try {
+    {
+      timeline::Span span(timeline_, timeline::kCompute, "push");
+      server_.PostSend(send);
+      transport_.Wait(send, deadline, "a message to the parameter server (rank 0)");
+    }
+    if (kind == PsHeader::kPush) push_bytes_ += sizeof(PsHeader) + out.size() * sizeof(float);
+    timeline::Span span(timeline_, timeline::kCompute, "pull");
+    transport_.Wait(recv_header_op, deadline, "the parameter server's reply (rank 0)");
+    CheckPsHeader(recv_header, reply_kind, step, in.size(), rank_, 0);
+    if (!in.empty()) {
+      transport_.Wait(recv_payload, deadline, "the parameter server's reply (rank 0)");
+    }
+  } catch (...) {
+    // The ops are this frame's: fail them before they go (as PsServer::Run).
+    transport_.Close();
+    throw;
   }
 }
 
@@ -366,7 +383,12 @@ void PsWorker::Bye() {
   transport::Op send;
   send.Set(&header, sizeof(PsHeader));
   server_.PostSend(send);
-  transport_.Wait(send, Deadline::After(options_.timeout_s), "bye to the parameter server");
+  try {
+    transport_.Wait(send, Deadline::After(options_.timeout_s), "bye to the parameter server");
+  } catch (...) {
+    transport_.Close();  // as in Exchange: `send` is this frame's
+    throw;
+  }
 }
 
 }  // namespace pipesgd::train

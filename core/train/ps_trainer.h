@@ -80,7 +80,8 @@ class PsServer {
 
   // Serves until every worker has said bye. Throws Error: kDataLoss (a bad header),
   // kUnavailable (a worker is gone), kDeadlineExceeded (no message for timeout_s),
-  // kNumerical (a non-finite pushed loss: names the worker and step).
+  // kNumerical (a non-finite pushed loss: names the worker and step); the transport is then
+  // closed (its pending receives fail before this server's ops are freed).
   void Run();
 
   // Updates applied (sync: one per step; async: one per push).
@@ -111,6 +112,7 @@ class PsServer {
     int64_t pulled_at = 0;          // updates_ when this worker last received weights
   };
 
+  void Serve();  // Run's loop
   void PostHeader(Peer& p);
   // Advances p's receive; true when a whole message has arrived.
   bool Progress(Peer& p);
@@ -147,7 +149,8 @@ class PsWorker {
 
   // Step t = steps(): g = grad on the weights held; push; receive new weights into params.
   // The returned loss is the mean over workers of step t (sync) or this worker's own (async).
-  // Throws Error: kDataLoss, kUnavailable, kDeadlineExceeded, kNumerical (own loss non-finite).
+  // Throws Error: kDataLoss, kUnavailable, kDeadlineExceeded, kNumerical (own loss non-finite);
+  // after a failed exchange with the server the transport is closed.
   void Step();
   int64_t steps() const { return steps_; }
   float StepLoss(int64_t step) const;

@@ -106,6 +106,9 @@ class TcpConnection final : public Connection {
 
   // Fails every pending and future op with `error` and closes the socket.
   void Fail(std::exception_ptr error);
+  // After Fail: runs the cancelled asio operations' handlers, which still reference this
+  // connection and the ops they were moving, so that when it returns neither is referenced.
+  void Quiesce();
 
  private:
   template <bool kSend>
@@ -174,12 +177,15 @@ TcpConnection::~TcpConnection() {
   Fail(std::make_exception_ptr(Error(
       ErrorCode::kAborted,
       fmt::format("rank {}: connection to rank {} was closed locally", self_rank_, peer_rank_))));
-  // Handlers of the cancelled asio operations still reference `this`: run them now.
+  Quiesce();
+  owner_.Unregister(this);
+}
+
+void TcpConnection::Quiesce() {
   while (send_.active || recv_.active) {
     if (owner_.io().stopped()) owner_.io().restart();
     owner_.io().run_one_for(std::chrono::milliseconds(10));
   }
-  owner_.Unregister(this);
 }
 
 std::exception_ptr TcpConnection::IoError(const char* direction, const error_code& ec,
@@ -297,7 +303,12 @@ void TcpTransport::Poll() {
 void TcpTransport::Close() {
   auto error = std::make_exception_ptr(Error(
       ErrorCode::kAborted, fmt::format("rank {}: transport closed", options_.rank)));
-  for (TcpConnection* c : std::vector<TcpConnection*>(live_.begin(), live_.end())) c->Fail(error);
+  const std::vector<TcpConnection*> live(live_.begin(), live_.end());
+  for (TcpConnection* c : live) c->Fail(error);
+  // Every op fails here, not at a later Wait or at the connection's end: a caller that closes
+  // on an error may free its ops next (the PS server's posted receives did, and the connection's
+  // destructor then wrote into them).
+  for (TcpConnection* c : live) c->Quiesce();
 }
 
 // Connection set-up state shared by the asio handlers (which may outlive a failed Connect call).
