@@ -115,9 +115,9 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
 // The parameter-server schemes' real steps on the probe's ranks, the job's own PsServer and
 // PsWorker on a scratch copy: rank 0 serves the W-1 others (`links`: rank 0's connections to
 // ranks 1..W-1 in order; another rank's one, to rank 0), which train `steps` synchronous steps
-// and then `steps` asynchronous ones, each after 2 untimed, kStepRounds times (the median). The job has W workers and a server;
-// the model scales what a step takes beyond C to W pushes (TimingInputs::
-// ps_sync_beyond_compute_s, PsScale).
+// and then `steps` asynchronous ones, each after 2 untimed, kStepRounds times (the median). The
+// job has W workers and a server: the model scales what a step takes beyond C to W pushes
+// (TimingInputs::ps_sync_beyond_compute_s, PsScale).
 // Fills kPsSyncStep, kPsAsyncStep, kPsSyncCpu and kPsAsyncCpu of `mine`.
 void MeasurePsSteps(transport::Transport& transport, std::vector<transport::Connection*> links,
                     int rank, train::ClassifierTask& task, std::span<const float> params,

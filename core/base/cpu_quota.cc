@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <charconv>
-#include <thread>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <tuple>
 #include <utility>
 
