@@ -3,15 +3,21 @@
 # job configs and --set overrides, control-message frames (rendezvous and connection hellos),
 # chunk headers, checkpoint files. Any crash, sanitizer report or non-pipesgd exception fails.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]    default 10 (CI runs 5); a longer run: scripts/fuzz.sh 600
+#   scripts/fuzz.sh --build-only            build the targets, run nothing (CI builds them early)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BUILD_ONLY=0
+if [[ ${1:-} == --build-only ]]; then BUILD_ONLY=1; shift; fi
 SECONDS_PER_TARGET="${1:-10}"
+[[ "$SECONDS_PER_TARGET" =~ ^[0-9]+$ ]] ||
+  { echo "fuzz: '$SECONDS_PER_TARGET': expected seconds per target or --build-only" >&2; exit 2; }
 BUILD=build-fuzz
 command -v clang++ >/dev/null || { echo "fuzz: needs clang (apt-get install clang)" >&2; exit 1; }
 CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPIPESGD_FUZZ=ON -DPIPESGD_BUILD_TESTS=OFF >/dev/null
 targets=(config_fuzz message_fuzz chunk_header_fuzz checkpoint_fuzz)
 cmake --build "$BUILD" --parallel "$(nproc)" --target "${targets[@]}"
+[[ $BUILD_ONLY -eq 1 ]] && { echo "fuzz: targets built"; exit 0; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for t in "${targets[@]}"; do

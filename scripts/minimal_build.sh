@@ -8,15 +8,19 @@
 #                                          AllReduce sums over loopback TCP, width-2 training of a
 #                                          callback model); the multi-process tests that the full
 #                                          build (scripts/test.sh) already runs are not rebuilt.
+#   scripts/minimal_build.sh --build-only  (with or without --ci) build, run nothing (CI builds
+#                                          it beside another suite, then runs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${JOBS:-2}
 mode=full
+build_only=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --ci) mode=ci; shift ;;
+    --build-only) build_only=1; shift ;;
     -j) jobs=$2; shift 2 ;;
-    *) echo "minimal_build: unknown argument '$1' (expected --ci or -j N)" >&2; exit 2 ;;
+    *) echo "minimal_build: unknown argument '$1' (expected --ci, --build-only or -j N)" >&2; exit 2 ;;
   esac
 done
 start=$SECONDS
@@ -46,6 +50,7 @@ if grep -q 'PIPESGD_HAVE_\(UCX\|IBVERBS\|CUDA\)' build-minimal/compile_commands.
   echo "minimal_build: an optional part (UCX, ibverbs or CUDA) is compiled in" >&2
   exit 1
 fi
+[[ $build_only -eq 1 ]] && exit 0
 export OPENBLAS_NUM_THREADS=1
 if [[ $mode == full ]]; then
   ctest --test-dir build-minimal -j "$jobs" --output-on-failure

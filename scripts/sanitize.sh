@@ -2,10 +2,17 @@
 # The test suite under the sanitizers (CI runs this after scripts/test.sh):
 #   ASan+UBSan: every unit and multi-process test (undefined behaviour is fatal);
 #   TSan: the concurrency tests (trainer threads, ring, peer failure, compression).
-# Usage: scripts/sanitize.sh [asan|tsan|all]   (default all)
+# Usage: scripts/sanitize.sh [asan|tsan|all] [build|test|both]   (defaults: all, both)
+#   build: only build the instrumented binaries (CI builds one while the previous suite runs)
+#   test:  only run the tests of a build made before
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHICH="${1:-all}"
+PHASE="${2:-both}"
+case "$WHICH" in asan|tsan|all) ;; *) echo "sanitize: '$WHICH': expected asan, tsan or all" >&2; exit 2 ;; esac
+case "$PHASE" in build|test|both) ;; *) echo "sanitize: '$PHASE': expected build, test or both" >&2; exit 2 ;; esac
+building() { [[ "$PHASE" == build || "$PHASE" == both ]]; }
+testing() { [[ "$PHASE" == test || "$PHASE" == both ]]; }
 jobs="$(nproc)"
 # -O1 rather than RelWithDebInfo's -O2: the instrumented builds compile about 30% faster (they
 # are most of CI's time) and the sanitizers' reports stay exact.
@@ -26,31 +33,39 @@ fresh_if_gcc() {  # a build directory configured by gcc before this script used 
   fi
 }
 if [[ "$WHICH" == asan || "$WHICH" == all ]]; then
-  fresh_if_gcc build-asan
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${clang[@]}" \
-    -DPIPESGD_SANITIZE=address,undefined -DPIPESGD_BUILD_BENCH=OFF "${opt[@]}" >/dev/null
-  cmake --build build-asan --parallel "$jobs"
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan -LE "cluster|rdma" --output-on-failure -j "$jobs" \
-    -E "MainJob|CompressedMainJob|CnnJob|StartupFailure|StalledRank"
+  if building; then
+    fresh_if_gcc build-asan
+    cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${clang[@]}" \
+      -DPIPESGD_SANITIZE=address,undefined -DPIPESGD_BUILD_BENCH=OFF "${opt[@]}" >/dev/null
+    cmake --build build-asan --parallel "$jobs"
+  fi
+  if testing; then
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+      ctest --test-dir build-asan -LE "cluster|rdma" --output-on-failure -j "$jobs" \
+      -E "MainJob|CompressedMainJob|CnnJob|StartupFailure|StalledRank"
+  fi
   # Excluded: the accuracy runs (same code paths as shorter tests, 3x slower here) and the
   # phase x victim matrix (38 four-process jobs, mostly waiting out deadlines; the relay and the
   # rendezvous under ASan are failure_relay_test and rendezvous_test).
 fi
 if [[ "$WHICH" == tsan || "$WHICH" == all ]]; then
-  fresh_if_gcc build-tsan
-  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${clang[@]}" \
-    -DPIPESGD_SANITIZE=thread "${opt[@]}" >/dev/null
-  # UCX patches mmap/munmap/madvise in every loaded library's relocation table when it is
-  # loaded; under TSan's interceptors that crashes any process linking libucx (SIGSEGV, e.g. in
-  # the rwlock interceptor as a thread exits), so switch it off: for the tests, and for the
-  # build too, which runs each test binary to list its tests (seen crashing there once).
-  UCX_MEM_MMAP_HOOK_MODE=none cmake --build build-tsan --parallel "$jobs" --target trainer_test staleness_test \
-    ring_allreduce_test ring_compression_test failure_test transport_conformance_test \
-    ps_trainer_test timeline_test staged_allreduce_test sdpipe_test device_slots_test api_test \
-    pipeline_p2p_test pipeline_trainer_test powersgd_test failure_relay_test rendezvous_test \
-    autotune_test
-  UCX_MEM_MMAP_HOOK_MODE=none TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-    ctest --test-dir build-tsan -LE rdma --output-on-failure -j "$jobs" \
-    -R "StaleRecurrence|Divergence|DataParallel|StalenessCompensation|StalenessStability|SyncWarmup|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall|Conformance|PsSync|PsAsync|TimelineTraining|StagedAllReduce|SdpipeService|GroupAveraging|SdpipeTrainer|DeviceSlots|ApiTrainer|PipelineP2p|PipelineTrainer|PowerSgd|FailureRelay|Rendezvous\.|AutoTune"
+  if building; then
+    fresh_if_gcc build-tsan
+    cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${clang[@]}" \
+      -DPIPESGD_SANITIZE=thread "${opt[@]}" >/dev/null
+    # UCX patches mmap/munmap/madvise in every loaded library's relocation table when it is
+    # loaded; under TSan's interceptors that crashes any process linking libucx (SIGSEGV, e.g. in
+    # the rwlock interceptor as a thread exits), so switch it off: for the tests, and for the
+    # build too, which runs each test binary to list its tests (seen crashing there once).
+    UCX_MEM_MMAP_HOOK_MODE=none cmake --build build-tsan --parallel "$jobs" --target trainer_test staleness_test \
+      ring_allreduce_test ring_compression_test failure_test transport_conformance_test \
+      ps_trainer_test timeline_test staged_allreduce_test sdpipe_test device_slots_test api_test \
+      pipeline_p2p_test pipeline_trainer_test powersgd_test failure_relay_test rendezvous_test \
+      autotune_test
+  fi
+  if testing; then
+    UCX_MEM_MMAP_HOOK_MODE=none TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+      ctest --test-dir build-tsan -LE rdma --output-on-failure -j "$jobs" \
+      -R "StaleRecurrence|Divergence|DataParallel|StalenessCompensation|StalenessStability|SyncWarmup|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall|Conformance|PsSync|PsAsync|TimelineTraining|StagedAllReduce|SdpipeService|GroupAveraging|SdpipeTrainer|DeviceSlots|ApiTrainer|PipelineP2p|PipelineTrainer|PowerSgd|FailureRelay|Rendezvous\.|AutoTune"
+  fi
 fi

@@ -74,7 +74,11 @@ TEST_P(MainJob, ReachesAccuracyWithinThreeEpochs) {
   ASSERT_TRUE(summary_file) << "no summary.json";
   auto summary = nlohmann::json::parse(summary_file);
   const double accuracy = summary.at("final_test_accuracy").get<double>();
-  EXPECT_GE(accuracy, 0.85) << "width " << width;
+  // Seeds 1-6 (scripts/compression_seeds.sh's "none" rows; OpenBLAS's Haswell and Cooperlake
+  // kernels): width 2 reached 0.8589-0.8731, mean 0.8688, standard deviation 0.0043; width 1
+  // (Haswell) 0.8564-0.8740, mean 0.8679, standard deviation 0.0064. 0.84 is 4 of width 1's
+  // standard deviations below its mean: another CPU's kernels move a run as another seed does.
+  EXPECT_GE(accuracy, 0.84) << "width " << width;
   EXPECT_EQ(summary.at("world_size"), 4);
   EXPECT_EQ(summary.at("details").at("pipeline_width"), width);
   EXPECT_EQ(summary.at("transport"), "tcp");
@@ -141,10 +145,18 @@ TEST(CnnJob, CiSizedRunReachesAccuracy) {
               summary.at("wall_s").get<double>());
 }
 
-// The main job with compression, width 2, same seed and epochs: final test accuracy within 0.5
-// points of the uncompressed run (sign1: 2.5 points, its measured cost), and the wire carries 2x
-// (trunc16), ~4x (q8), ~7.5x (q4), ~28x (sign1) or ~35x (PowerSGD rank 4) fewer bytes.
-TEST(CompressedMainJob, AccuracyWithinHalfAPointOfUncompressed) {
+// The main job with compression, width 2, same seed and epochs: the wire carries 2x (trunc16),
+// ~4x (q8), ~7.5x (q4), ~28x (sign1) or ~35x (PowerSGD rank 4) fewer bytes, and the final test
+// accuracy stays within what the spread over seeds allows. Another CPU's floating-point kernels
+// move a run's digits as another seed does (OpenBLAS's Haswell and Cooperlake kernels give
+// 0.8705 and 0.8722 uncompressed for seed 1), so the bounds come from that spread
+// (scripts/compression_seeds.sh, seeds 1-6 with each of those two kernels, 12 runs per setting;
+// docs/compression.md): trunc16, q8 and q4 with error feedback and PowerSGD rank 4 landed
+// -0.0076..+0.0037 from the uncompressed run of the same seed, mean -0.0004, standard deviation
+// 0.0026: within 1 point, about 4 standard deviations. sign1 with error feedback costs accuracy
+// on this model: 2.03 points on average (0.33 to 3.41, standard deviation 0.88): within 5
+// points, 3.4 standard deviations past its mean.
+TEST(CompressedMainJob, AccuracyWithinTheSpreadOverSeedsOfUncompressed) {
   struct Run {
     std::vector<std::string> sets;
     double accuracy = 0;
@@ -191,7 +203,7 @@ TEST(CompressedMainJob, AccuracyWithinHalfAPointOfUncompressed) {
   // loss against 235146 + 1, over two collectives of the 4-rank ring.
   EXPECT_GT(runs[5].ratio, 30);
   for (size_t i = 1; i < runs.size(); ++i) {
-    const double tolerance = runs[i].sets[0] == "comm.compression=sign1" ? 0.025 : 0.005;
+    const double tolerance = runs[i].sets[0] == "comm.compression=sign1" ? 0.05 : 0.01;
     EXPECT_NEAR(runs[i].accuracy, runs[0].accuracy, tolerance) << runs[i].sets[0];
   }
 }
