@@ -407,5 +407,26 @@ TEST(ResumeErrors, ADifferentJobNamesTheCheckpointAndThisJob) {
       << r.err;
 }
 
+// A checkpoint directory copied elsewhere resumes from there: its path is no part of the job's
+// identity (it was: "written by another job: in checkpoint: the checkpoint has `dir: ...`").
+TEST(ResumeFromAMovedDirectory, IsTheSameJob) {
+  TempDir dir;
+  const fs::path first = dir.path() / "first", moved = dir.path() / "moved";
+  auto job = [&](const fs::path& ckpt) {
+    return std::vector<std::string>{kBinary, "run", "-np", "2", kConfig, "--set",
+                                    "data.train_limit=640", "--set", "train.epochs=1", "--set",
+                                    "data.test_limit=200", "--set", "checkpoint.dir=" + ckpt.string()};
+  };
+  auto r = testing::RunCommand(job(first), {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  fs::copy(first, moved, fs::copy_options::recursive);
+  fs::remove_all(first);
+  auto again = job(moved);
+  again.push_back("--resume");
+  r = testing::RunCommand(again, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resumed from " + moved.string()), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace pipesgd

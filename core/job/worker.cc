@@ -184,7 +184,11 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
 #endif
   if (!optimizer) optimizer = std::make_unique<train::SgdOptimizer>(sgd_options, params.size());
   train::Optimizer& sgd = *optimizer;
-  const std::string job_text = JobDescription(job);
+  // A checkpoint belongs to the job, not to where it is kept: its directory is left out of the
+  // identity, so that a copied or moved directory resumes (checkpoint.dir = the new place).
+  config::Job ckpt_identity = job;
+  ckpt_identity.mutable_checkpoint()->clear_dir();
+  const std::string ckpt_job_text = JobDescription(ckpt_identity);
   const auto& ckpt_cfg = job.checkpoint();
   const std::filesystem::path ckpt_dir = ckpt_cfg.dir();
   std::optional<checkpoint::Checkpoint> resumed;
@@ -194,7 +198,7 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
             "--resume: checkpoint.dir is not set in the config (nothing to resume from)");
     }
     resumed = train::AgreeOnCheckpoint(*comm, ckpt_dir, comm_cfg.timeout_s());
-    train::CheckCheckpointFitsJob(*resumed, ckpt_cfg.dir(), job_text, env.world_size,
+    train::CheckCheckpointFitsJob(*resumed, ckpt_cfg.dir(), ckpt_job_text, env.world_size,
                                   params.size());
     std::copy(resumed->params().begin(), resumed->params().end(), params.begin());
     sgd.LoadState({resumed->optimizer_state().data(),
@@ -277,7 +281,7 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
     const train::TrainerSnapshot snapshot = trainer.Snapshot();
     const std::vector<float> opt = sgd.SaveState();
     const checkpoint::Checkpoint c = train::CaptureCheckpoint(
-        {job_text, env.rank, env.world_size, comm->sequence(), params, opt, comm->residual(),
+        {ckpt_job_text, env.rank, env.world_size, comm->sequence(), params, opt, comm->residual(),
          width, comm->options().chunk_bytes, comm->options().streams},
         snapshot);
     train::WriteCheckpoint(ckpt_dir, c, ckpt_cfg.keep());

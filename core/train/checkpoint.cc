@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -258,12 +259,37 @@ TrainerSnapshot SnapshotFromCheckpoint(const checkpoint::Checkpoint& c) {
   return snapshot;
 }
 
+namespace {
+
+// `job` (FormatConfig's text) without checkpoint.dir: checkpoints written before the directory
+// was left out of the identity carry it, and must still resume from wherever they are now.
+std::string WithoutCheckpointDir(const std::string& job) {
+  std::string out;
+  bool in_checkpoint = false;
+  size_t start = 0;
+  while (start < job.size()) {
+    size_t end = job.find('\n', start);
+    end = end == std::string::npos ? job.size() : end + 1;
+    const std::string_view line(job.data() + start, end - start);
+    start = end;
+    if (line.starts_with("checkpoint {")) in_checkpoint = true;
+    if (in_checkpoint && line.starts_with("}")) in_checkpoint = false;
+    if (in_checkpoint && line.starts_with("  dir: ")) continue;
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace
+
 void CheckCheckpointFitsJob(const checkpoint::Checkpoint& c, const std::string& dir,
                             const std::string& job, int world_size, size_t num_params) {
-  if (c.job() != job) {
+  const std::string theirs = WithoutCheckpointDir(c.job());
+  const std::string ours = WithoutCheckpointDir(job);
+  if (theirs != ours) {
     Throw(ErrorCode::kInvalidArgument,
           "--resume: the checkpoint of step {} in {} was written by another job: {}", c.steps(),
-          dir, transport::DescribeJobDifference(c.job(), "the checkpoint", job, "this job"));
+          dir, transport::DescribeJobDifference(theirs, "the checkpoint", ours, "this job"));
   }
   if (c.world_size() != world_size || c.params_size() != static_cast<int64_t>(num_params)) {
     Throw(ErrorCode::kDataLoss,

@@ -69,7 +69,8 @@ TrainerSnapshot SnapshotFromCheckpoint(const checkpoint::Checkpoint& c);
 
 // Throws Error when `c` (read from `dir`) cannot continue this job: kInvalidArgument when
 // another job wrote it (naming the first differing line), kDataLoss when its world size or
-// parameter count differ from this job's.
+// parameter count differ from this job's. checkpoint.dir is no part of a job's identity (a
+// checkpoint directory can be moved): it is left out of both texts before they are compared.
 void CheckCheckpointFitsJob(const checkpoint::Checkpoint& c, const std::string& dir,
                             const std::string& job, int world_size, size_t num_params);
 
