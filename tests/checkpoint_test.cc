@@ -407,6 +407,45 @@ TEST(ResumeErrors, ADifferentJobNamesTheCheckpointAndThisJob) {
       << r.err;
 }
 
+// A write that fails on one rank of a keep-1 round (a full disk; here a directory in the way of
+// its file's name) stops the job, and every rank still has the previous round's step: the
+// others delete theirs only once every rank has written the new one. It once read "the newest
+// step every rank has is 4, but rank(s) 0, 1, 3 have no valid checkpoint of step 4".
+TEST(ResumeAfterAFailedWrite, KeepOneLeavesAStepEveryRankHas) {
+  TempDir dir;
+  const std::vector<std::string> job = {
+      kBinary, "run", "-np", "4", kConfig, "--set", "data.train_limit=640", "--set",
+      "data.test_limit=200", "--set", "train.epochs=1", "--set", "train.batch_size=16",
+      "--set", "train.progress_per_epoch=0", "--set", "checkpoint.dir=" + dir.path().string(),
+      "--set", "checkpoint.every_steps=4", "--set", "checkpoint.keep=1"};
+  // 10 steps of global batch 64: rounds at steps 4 and 8, and the final one at 10.
+  // Not empty, so that no pruning of later steps' files can remove it.
+  const fs::path blocker = CheckpointPath(dir.path(), 8, 2);
+  fs::create_directories(blocker / "in_the_way");
+  auto r = testing::RunCommand(job, {}, 300);
+  ASSERT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("rank(s) 2 could not write their checkpoint of step 8"), std::string::npos)
+      << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(fs::exists(CheckpointPath(dir.path(), 4, rank))) << "rank " << rank;
+  }
+  fs::remove_all(blocker);
+
+  auto again = job;
+  again.push_back("--resume");
+  r = testing::RunCommand(again, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resumed from " + CheckpointPath(dir.path(), 4, 0).string()),
+            std::string::npos)
+      << r.out;
+  // The confirmed final round leaves one checkpoint per rank, keep = 1.
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(fs::exists(CheckpointPath(dir.path(), 10, rank))) << "rank " << rank;
+    EXPECT_FALSE(fs::exists(CheckpointPath(dir.path(), 8, rank))) << "rank " << rank;
+    EXPECT_FALSE(fs::exists(CheckpointPath(dir.path(), 4, rank))) << "rank " << rank;
+  }
+}
+
 // A checkpoint directory copied elsewhere resumes from there: its path is no part of the job's
 // identity (it was: "written by another job: in checkpoint: the checkpoint has `dir: ...`").
 TEST(ResumeFromAMovedDirectory, IsTheSameJob) {
