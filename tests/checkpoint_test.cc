@@ -467,5 +467,16 @@ TEST(ResumeFromAMovedDirectory, IsTheSameJob) {
   EXPECT_NE(r.out.find("resumed from " + moved.string()), std::string::npos) << r.out;
 }
 
+// Checkpoints written before carry their directory in their job text: still the same job.
+TEST(ResumeFromAMovedDirectory, AnOlderCheckpointWithItsDirectoryFits) {
+  checkpoint::Checkpoint c = Make(10, 0, 3);
+  c.set_job("pipesgd x\ntrain {\n  epochs: 1\n}\ncheckpoint {\n  dir: \"/old\"\n  keep: 2\n}\n");
+  const std::string job = "pipesgd x\ntrain {\n  epochs: 1\n}\ncheckpoint {\n  dir: \"\"\n  keep: 2\n}\n";
+  EXPECT_NO_THROW(train::CheckCheckpointFitsJob(c, "/new", job, 4, 3));
+  std::string other = job;
+  other.replace(other.find("keep: 2"), 7, "keep: 3");
+  EXPECT_THROW(train::CheckCheckpointFitsJob(c, "/new", other, 4, 3), Error);
+}
+
 }  // namespace
 }  // namespace pipesgd
