@@ -82,6 +82,9 @@ std::vector<std::pair<int64_t, fs::path>> ListCheckpoints(const fs::path& dir, i
   // ckpt-<12 digits>.rank<rank>, exactly.
   const std::string suffix = ".rank" + std::to_string(rank);
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    // Something else under a checkpoint's name (a directory in the way) is none: it must neither
+    // count as the newest step when pruning nor be tried on --resume.
+    if (std::error_code type_ec; !entry.is_regular_file(type_ec)) continue;
     const std::string file = entry.path().filename().string();
     if (file.size() != 5 + 12 + suffix.size() || file.compare(0, 5, "ckpt-") != 0 ||
         file.compare(17, std::string::npos, suffix) != 0) {
