@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -443,6 +444,59 @@ TEST(ResumeAfterAFailedWrite, KeepOneLeavesAStepEveryRankHas) {
     EXPECT_FALSE(fs::exists(CheckpointPath(dir.path(), 8, rank))) << "rank " << rank;
     EXPECT_FALSE(fs::exists(CheckpointPath(dir.path(), 4, rank))) << "rank " << rank;
   }
+}
+
+// A tmpfs mounted for one test, unmounted when it ends.
+class TmpfsMount {
+ public:
+  TmpfsMount(const fs::path& at, const std::string& options) : at_(at) {
+    mounted_ = ::mount("tmpfs", at.c_str(), "tmpfs", 0, options.c_str()) == 0;
+    if (!mounted_) error_ = std::strerror(errno);
+  }
+  ~TmpfsMount() {
+    if (mounted_ && ::umount(at_.c_str()) != 0) ::umount2(at_.c_str(), MNT_DETACH);
+  }
+  TmpfsMount(const TmpfsMount&) = delete;
+  TmpfsMount& operator=(const TmpfsMount&) = delete;
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+  bool Remount(const std::string& options) {
+    return ::mount("tmpfs", at_.c_str(), "tmpfs", MS_REMOUNT, options.c_str()) == 0;
+  }
+
+ private:
+  fs::path at_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+// The same on a real full file system: a tmpfs of 7 files' inodes holds the first round (4 files)
+// and 3 of the second round's; the fourth rank to write gets ENOSPC, whichever it is.
+TEST(ResumeAfterAFailedWrite, AFullDiskKeepsAStepEveryRankHas) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  TempDir dir;
+  TmpfsMount tmpfs(dir.path(), "size=128m,nr_inodes=8");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here: " << tmpfs.error();
+  const std::vector<std::string> job = {
+      kBinary, "run", "-np", "4", kConfig, "--set", "data.train_limit=640", "--set",
+      "data.test_limit=200", "--set", "train.epochs=1", "--set", "train.batch_size=16",
+      "--set", "train.progress_per_epoch=0", "--set", "checkpoint.dir=" + dir.path().string(),
+      "--set", "checkpoint.every_steps=4", "--set", "checkpoint.keep=1"};
+  auto r = testing::RunCommand(job, {}, 300);
+  ASSERT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("could not write their checkpoint of step 8"), std::string::npos) << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(fs::exists(CheckpointPath(dir.path(), 4, rank))) << "rank " << rank;
+  }
+  ASSERT_TRUE(tmpfs.Remount("size=128m,nr_inodes=1000")) << std::strerror(errno);
+  auto again = job;
+  again.push_back("--resume");
+  r = testing::RunCommand(again, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resumed from " + CheckpointPath(dir.path(), 4, 0).string()),
+            std::string::npos)
+      << r.out;
 }
 
 // A checkpoint directory copied elsewhere resumes from there: its path is no part of the job's
