@@ -164,8 +164,8 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
                                const train::CodecCost& codec, const std::vector<double>& steps,
                                int width) {
       if (steps.empty()) return;
-      const double chunk =
-          CheckedNumber(at.at("chunk_bytes"), where, fmt::format("{} chunk_bytes", key), kChunkBytes);
+      const double chunk = CheckedNumber(at.at("chunk_bytes"), where,
+                                         fmt::format("{} chunk_bytes", key), kChunkBytes);
       const double model = train::PipeTime(in, codec, chunk, width);
       lines.push_back(fmt::format(
           "measured width-{} step ({}) at {:.0f} B chunks: {}; the model gives {:.3f} ms "
@@ -310,7 +310,9 @@ void RunModel(const ModelArgs& a) {
         std::tuple{"--chunk-overhead-s", a.chunk_overhead_s, a.chunk_overhead_s >= 0, kSeconds},
         std::tuple{"--contention", a.contention, a.contention >= 0, kShare},
         std::tuple{"--chunk-bytes", a.chunk_bytes, a.chunk_bytes > 0, kChunkBytes}}) {
-    if (given && !InRange(value, range)) RefuseInput("model", flag, fmt::format("{}", value), range);
+    if (given && !InRange(value, range)) {
+      RefuseInput("model", flag, fmt::format("{}", value), range);
+    }
   }
   const int probed_workers = in.workers;
   if (a.workers > 0) in.workers = a.workers;

@@ -507,7 +507,8 @@ TEST(ResumeFromAMovedDirectory, IsTheSameJob) {
   auto job = [&](const fs::path& ckpt) {
     return std::vector<std::string>{kBinary, "run", "-np", "2", kConfig, "--set",
                                     "data.train_limit=640", "--set", "train.epochs=1", "--set",
-                                    "data.test_limit=200", "--set", "checkpoint.dir=" + ckpt.string()};
+                                    "data.test_limit=200", "--set",
+                                    "checkpoint.dir=" + ckpt.string()};
   };
   auto r = testing::RunCommand(job(first), {}, 120);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -523,8 +524,9 @@ TEST(ResumeFromAMovedDirectory, IsTheSameJob) {
 // Checkpoints written before carry their directory in their job text: still the same job.
 TEST(ResumeFromAMovedDirectory, AnOlderCheckpointWithItsDirectoryFits) {
   checkpoint::Checkpoint c = Make(10, 0, 3);
-  c.set_job("pipesgd x\ntrain {\n  epochs: 1\n}\ncheckpoint {\n  dir: \"/old\"\n  keep: 2\n}\n");
-  const std::string job = "pipesgd x\ntrain {\n  epochs: 1\n}\ncheckpoint {\n  dir: \"\"\n  keep: 2\n}\n";
+  const std::string head = "pipesgd x\ntrain {\n  epochs: 1\n}\ncheckpoint {\n";
+  c.set_job(head + "  dir: \"/old\"\n  keep: 2\n}\n");
+  const std::string job = head + "  dir: \"\"\n  keep: 2\n}\n";
   EXPECT_NO_THROW(train::CheckCheckpointFitsJob(c, "/new", job, 4, 3));
   std::string other = job;
   other.replace(other.find("keep: 2"), 7, "keep: 3");

@@ -600,7 +600,8 @@ TEST(TimingModelCli, ProbeInputsOutOfRangeAreRefusedByName) {
   refused("model_bytes", nullptr, "model_bytes = null: expected bytes in (0, 1099511627776]");
   refused("compute_s", "NaN", "compute_s = \"NaN\": expected seconds in [0, 3600]");
   refused("latency_s", "inf", "latency_s = \"inf\": expected seconds in [0, 3600]");
-  refused("bandwidth_Bps", 1e300, "bandwidth_Bps = 1e+300: expected bytes per second in [0, 10000000000000]");
+  refused("bandwidth_Bps", 1e300,
+          "bandwidth_Bps = 1e+300: expected bytes per second in [0, 10000000000000]");
   refused("contention", -0.1, "contention = -0.1: expected a share in [0, 1]");
   refused("host_cpus", nullptr, "host_cpus = null: expected CPUs in [0, 1048576]");
   refused("ratio", 1e300, "codec q8: ratio = 1e+300: expected a ratio in [1, 1024]");

@@ -115,7 +115,8 @@ TEST(Report, BadFieldsAreNamedWithTheirFile) {
                        "accuracy in [0, 1]"),
             std::string::npos)
       << r.err;
-  const std::string null_time = dir.File("null.jsonl", "{\"wall_s\": null, \"test_accuracy\": 1}\n");
+  const std::string null_time =
+      dir.File("null.jsonl", "{\"wall_s\": null, \"test_accuracy\": 1}\n");
   r = RunCommand({kBinary, "report", null_time, "--png", ""});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("report: " + null_time + " line 1: field wall_s is null; expected a number "

@@ -172,7 +172,8 @@ std::vector<NetInterface> ListNetInterfaces() {
       inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip));
       int prefix = 32;
       if (a->ifa_netmask) {
-        const uint32_t mask = ntohl(reinterpret_cast<const sockaddr_in*>(a->ifa_netmask)->sin_addr.s_addr);
+        const uint32_t mask =
+            ntohl(reinterpret_cast<const sockaddr_in*>(a->ifa_netmask)->sin_addr.s_addr);
         prefix = __builtin_popcount(mask);
       }
       out.push_back({a->ifa_name, ip, prefix});
