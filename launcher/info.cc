@@ -30,7 +30,7 @@ std::string InfoReport() {
     for (const auto& i : transport::ListNetInterfaces()) {
       list += fmt::format("{}{} {}/{}", list.empty() ? "" : ", ", i.name, i.ip, i.prefix_len);
     }
-    out += fmt::format("network interfaces (IPv4, up): {}\n", list.empty() ? "none" : list);
+    out += fmt::format("network interfaces (up, IPv4 then IPv6): {}\n", list.empty() ? "none" : list);
   } catch (const Error& e) {
     out += fmt::format("network interfaces: {}\n", e.what());
   }

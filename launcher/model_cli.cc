@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,69 @@
 namespace pipesgd::launcher {
 namespace {
 
+// What an input of the model may be: finite, in [lo, hi] ((lo, hi] where lo_open), an integer
+// where `integer`; `unit` names it in messages. The bounds are what is physically meaningful
+// (docs/timing_models.md, "Inputs"), so that a typo or a corrupt probe file (model_bytes 1e300)
+// is refused by name instead of printing 300-digit times.
+struct InputRange {
+  double lo, hi;
+  bool lo_open = false;
+  bool integer = false;
+  const char* unit = "a number";
+};
+constexpr double kMaxBytes = 1099511627776.0;  // 2^40: 1 TiB of gradients, of a chunk
+constexpr InputRange kWorkersRange{1, 1 << 20, false, true, "an integer"};
+constexpr InputRange kModelBytes{0, kMaxBytes, true, false, "bytes"};
+constexpr InputRange kChunkBytes{1, kMaxBytes, false, false, "bytes"};
+// A step, a message or an overhead of more than an hour is no measurement of one.
+constexpr InputRange kSeconds{0, 3600, false, false, "seconds"};
+constexpr InputRange kSignedSeconds{-3600, 3600, false, false, "seconds"};  // sigma, sigma_2
+// 1 ms per byte is 1 KB/s: slower than any CPU or link the model is for.
+constexpr InputRange kSecondsPerByte{0, 1e-3, false, false, "seconds per byte"};
+constexpr InputRange kCodecSecondsPerByte{-1e-3, 1e-3, false, false, "seconds per byte"};
+constexpr InputRange kCodecSeconds{-3600, 3600, false, false, "seconds"};
+// 1e13 B/s (80 Tbit/s) is beyond any link or memory copy of a host today.
+constexpr InputRange kBandwidth{0, 1e13, true, false, "bytes per second"};
+constexpr InputRange kProbeBandwidth{0, 1e13, false, false, "bytes per second"};
+constexpr InputRange kLinkRate{0, 8e13, true, false, "bits per second"};
+constexpr InputRange kShare{0, 1, false, false, "a share"};          // gamma
+constexpr InputRange kFactor{1, 1000, false, false, "a factor"};     // f_c, f_a
+constexpr InputRange kCpus{0, 1 << 20, false, false, "CPUs"};        // s_c, s, K, D
+constexpr InputRange kChunkCount{0, kMaxBytes, false, false, "chunks"};  // m_sigma
+constexpr InputRange kRatio{1, 1024, false, false, "a ratio"};       // r
+
+std::string Describe(const InputRange& r) {
+  return fmt::format("{} in {}{}, {}]", r.unit, r.lo_open ? "(" : "[", r.lo, r.hi);
+}
+
+bool InRange(double v, const InputRange& r) {
+  return std::isfinite(v) && (r.lo_open ? v > r.lo : v >= r.lo) && v <= r.hi &&
+         (!r.integer || v == std::floor(v));
+}
+
+// `where` ("model --probe FILE", "model"): `field` = `shown`: expected ...
+[[noreturn]] void RefuseInput(const std::string& where, const std::string& field,
+                              const std::string& shown, const InputRange& r) {
+  Throw(ErrorCode::kInvalidArgument, "{}: {} = {}: expected {}", where, field, shown, Describe(r));
+}
+
+double CheckedNumber(const nlohmann::json& v, const std::string& where, const std::string& field,
+                     const InputRange& r) {
+  if (!v.is_number() || !InRange(v.get<double>(), r)) RefuseInput(where, field, v.dump(), r);
+  return v.get<double>();
+}
+
+// Field `key` of the probe's object `j`, checked; `fallback` where an earlier probe did not
+// write it (absent and no fallback: refused as missing).
+double ProbeNumber(const nlohmann::json& j, const std::string& where, const std::string& key,
+                   const InputRange& r, std::optional<double> fallback = std::nullopt) {
+  if (!j.contains(key)) {
+    if (fallback) return *fallback;
+    Throw(ErrorCode::kInvalidArgument, "{}: {} is missing: expected {}", where, key, Describe(r));
+  }
+  return CheckedNumber(j.at(key), where, key, r);
+}
+
 // What the probe measured, over its ranks, beside what the model makes of the same inputs:
 // the compute (the model takes the slowest rank's) and the AllReduce of the model at each chunk
 // size timed, without a codec and with each codec it timed. Nothing for a probe of an older
@@ -32,6 +96,7 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
                                      const std::vector<train::CodecCost>& codecs) {
   std::vector<std::string> lines;
   if (!probe.is_object() || !probe.contains("per_rank")) return lines;
+  const std::string where = "model --probe " + path;
   // One rank timed no AllReduce; with --np another world size the model answers a question the
   // probe did not measure.
   if (in.workers == 1 || probe.value("workers", 0.0) != in.workers) return lines;
@@ -46,12 +111,13 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
     for (const auto& [chunk, sec] : by_chunk.items()) {
       char* end = nullptr;
       const double bytes = std::strtod(chunk.c_str(), &end);
-      if (end == chunk.c_str() || *end != '\0' || !(bytes >= 1) || !std::isfinite(bytes)) {
+      if (end == chunk.c_str() || *end != '\0' || !InRange(bytes, kChunkBytes)) {
         Throw(ErrorCode::kInvalidArgument,
               "model --probe {}: per_rank allreduce_s key \"{}\": expected a chunk size in "
-              "bytes (>= 1)", path, chunk);
+              "{}", path, chunk, Describe(kChunkBytes));
       }
-      times[bytes].push_back(sec.get<double>());
+      times[bytes].push_back(
+          CheckedNumber(sec, where, fmt::format("per_rank allreduce_s \"{}\"", chunk), kSeconds));
     }
   };
   try {
@@ -62,14 +128,17 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
     std::vector<double> sync_step, pipe_step, fast_sync_step, fast_pipe_step;
     std::vector<double> other_sync_step, other_pipe_step;  // the fast codec at its other chunk
     for (const auto& r : per_rank) {
-      compute.push_back(r.at("compute_s").get<double>());
+      compute.push_back(CheckedNumber(r.at("compute_s"), where, "per_rank compute_s", kSeconds));
       for (auto [key, steps] : {std::pair{"sync_step_s", &sync_step},
                                 std::pair{"pipe_step_s", &pipe_step},
                                 std::pair{"fast_sync_step_s", &fast_sync_step},
                                 std::pair{"fast_pipe_step_s", &fast_pipe_step},
                                 std::pair{"fast_other_sync_step_s", &other_sync_step},
                                 std::pair{"fast_other_pipe_step_s", &other_pipe_step}}) {
-        if (r.contains(key)) steps->push_back(r.at(key).get<double>());
+        if (r.contains(key)) {
+          steps->push_back(CheckedNumber(r.at(key), where, fmt::format("per_rank {}", key),
+                                         kSeconds));
+        }
       }
       if (r.contains("allreduce_s")) add_times(r.at("allreduce_s"), allreduce[0]);
       for (size_t c = 1; c < codecs.size() && r.contains("codec_allreduce_s"); ++c) {
@@ -95,12 +164,8 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
                                const train::CodecCost& codec, const std::vector<double>& steps,
                                int width) {
       if (steps.empty()) return;
-      const double chunk = at.at("chunk_bytes").get<double>();
-      if (!(chunk >= 1) || !std::isfinite(chunk)) {
-        Throw(ErrorCode::kInvalidArgument,
-              "model --probe {}: {} chunk_bytes = {}: expected a size in bytes (>= 1)", path, key,
-              chunk);
-      }
+      const double chunk = CheckedNumber(at.at("chunk_bytes"), where,
+                                         fmt::format("{} chunk_bytes", key), kChunkBytes);
       const double model = train::PipeTime(in, codec, chunk, width);
       lines.push_back(fmt::format(
           "measured width-{} step ({}) at {:.0f} B chunks: {}; the model gives {:.3f} ms "
@@ -149,62 +214,75 @@ void RunModel(const ModelArgs& a) {
     try {
       j = nlohmann::json::parse(f);
       probe = j;
-      const double workers = j.at("workers").get<double>();
-      if (!(workers >= 1 && workers <= (1 << 20) && workers == std::floor(workers))) {
-        Throw(ErrorCode::kInvalidArgument,
-              "model --probe {}: workers = {}: expected an integer in [1, 1048576]", a.probe_json,
-              workers);
+      const std::string where = "model --probe " + a.probe_json;
+      if (!j.is_object()) {
+        Throw(ErrorCode::kInvalidArgument, "{}: {}: expected a probe's JSON object", where,
+              j.dump());
       }
-      in.workers = static_cast<int>(workers);
-      in.model_bytes = j.at("model_bytes").get<double>();
-      in.latency_s = j.at("latency_s").get<double>();
-      in.bandwidth_Bps = j.at("bandwidth_Bps").get<double>();
-      in.chunk_overhead_s = j.at("chunk_overhead_s").get<double>();
-      in.contention = j.value("contention", 0.0);  // earlier probes: none
-      in.overlap_compute_factor = j.value("overlap_compute_factor", 1.0);
-      in.overlap_allreduce_factor = j.value("overlap_allreduce_factor", 1.0);
+      const auto get = [&](const char* key, const InputRange& r,
+                           std::optional<double> fallback = std::nullopt) {
+        return ProbeNumber(j, where, key, r, fallback);
+      };
+      in.workers = static_cast<int>(get("workers", kWorkersRange));
+      in.model_bytes = get("model_bytes", kModelBytes);
+      in.latency_s = get("latency_s", kSeconds);
+      // 0: a probe of one rank, which measured no link (a model of more ranks then asks for B).
+      in.bandwidth_Bps = get("bandwidth_Bps", kProbeBandwidth);
+      in.chunk_overhead_s = get("chunk_overhead_s", kSeconds);
+      in.contention = get("contention", kShare, 0.0);  // earlier probes: none
+      in.overlap_compute_factor = get("overlap_compute_factor", kFactor, 1.0);
+      in.overlap_allreduce_factor = get("overlap_allreduce_factor", kFactor, 1.0);
       // Earlier probes: no CPU bound.
-      in.compute_cpu_share = j.value("compute_cpu_share", 0.0);
-      in.cpu_share = j.value("cpu_share", 0.0);
-      in.transport_cpu_s_per_byte = j.value("transport_cpu_s_per_byte", 0.0);
-      in.transport_cpu_s_per_message = j.value("transport_cpu_s_per_message", 0.0);
-      in.compute_s = j.at("compute_s").get<double>();
-      in.update_s = j.at("update_s").get<double>();
-      in.pipelined_update_s = j.value("pipelined_update_s", 0.0);  // earlier probes: U
-      in.sync_overhead_s = j.value("sync_overhead_s", 0.0);
-      in.pipe_overhead_s = j.value("pipe_overhead_s", 0.0);  // earlier probes: none
+      in.compute_cpu_share = get("compute_cpu_share", kCpus, 0.0);
+      in.cpu_share = get("cpu_share", kCpus, 0.0);
+      in.transport_cpu_s_per_byte = get("transport_cpu_s_per_byte", kSecondsPerByte, 0.0);
+      in.transport_cpu_s_per_message = get("transport_cpu_s_per_message", kSeconds, 0.0);
+      in.compute_s = get("compute_s", kSeconds);
+      in.update_s = get("update_s", kSeconds);
+      in.pipelined_update_s = get("pipelined_update_s", kSeconds, 0.0);  // earlier probes: U
+      in.sync_overhead_s = get("sync_overhead_s", kSignedSeconds, 0.0);
+      in.pipe_overhead_s = get("pipe_overhead_s", kSignedSeconds, 0.0);  // earlier probes: none
       // Earlier probes: sigma at one AllReduce time, the same everywhere.
-      in.overhead_allreduce_s = j.value("overhead_allreduce_s", 0.0);
-      in.fast_allreduce_s = j.value("fast_allreduce_s", 0.0);
-      in.fast_sync_overhead_s = j.value("fast_sync_overhead_s", 0.0);
-      in.fast_pipe_overhead_s = j.value("fast_pipe_overhead_s", 0.0);
+      in.overhead_allreduce_s = get("overhead_allreduce_s", kSeconds, 0.0);
+      in.fast_allreduce_s = get("fast_allreduce_s", kSeconds, 0.0);
+      in.fast_sync_overhead_s = get("fast_sync_overhead_s", kSignedSeconds, 0.0);
+      in.fast_pipe_overhead_s = get("fast_pipe_overhead_s", kSignedSeconds, 0.0);
       // Earlier probes: no per-chunk cost.
-      in.overhead_chunks_per_block = j.value("overhead_chunks_per_block", 0.0);
-      in.sync_overhead_per_chunk_s = j.value("sync_overhead_per_chunk_s", 0.0);
-      in.pipe_overhead_per_chunk_s = j.value("pipe_overhead_per_chunk_s", 0.0);
-      in.big_message_cpu_s_per_byte = j.value("big_message_cpu_s_per_byte", 0.0);
+      in.overhead_chunks_per_block = get("overhead_chunks_per_block", kChunkCount, 0.0);
+      in.sync_overhead_per_chunk_s = get("sync_overhead_per_chunk_s", kSeconds, 0.0);
+      in.pipe_overhead_per_chunk_s = get("pipe_overhead_per_chunk_s", kSeconds, 0.0);
+      in.big_message_cpu_s_per_byte = get("big_message_cpu_s_per_byte", kSecondsPerByte, 0.0);
+      if (j.contains("loopback") && !j.at("loopback").is_boolean()) {
+        Throw(ErrorCode::kInvalidArgument, "{}: loopback = {}: expected true or false", where,
+              j.at("loopback").dump());
+      }
       in.loopback = j.value("loopback", false);  // earlier probes: links
-      in.host_cpus = j.value("host_cpus", 0.0);
+      in.host_cpus = get("host_cpus", kCpus, 0.0);
       // Earlier probes: no PS steps, the formulas.
-      const double ps_sync = j.value("ps_sync_step_s", 0.0);
-      const double ps_async = j.value("ps_async_step_s", 0.0);
+      const double ps_sync = get("ps_sync_step_s", kSeconds, 0.0);
+      const double ps_async = get("ps_async_step_s", kSeconds, 0.0);
       if (in.workers > 1 && ps_sync > 0 && ps_async > 0) {
         in.ps_probe_workers = in.workers - 1;
         in.ps_sync_beyond_compute_s = std::max(0.0, ps_sync - in.compute_s);
         in.ps_async_beyond_compute_s = std::max(0.0, ps_async - in.compute_s);
-        in.ps_sync_busy_cpus = j.value("ps_sync_busy_cpus", 0.0);
-        in.ps_async_busy_cpus = j.value("ps_async_busy_cpus", 0.0);
+        in.ps_sync_busy_cpus = get("ps_sync_busy_cpus", kCpus, 0.0);
+        in.ps_async_busy_cpus = get("ps_async_busy_cpus", kCpus, 0.0);
       }
-      in.reduce_s_per_byte = j.at("reduce_s_per_byte").get<double>();
+      in.reduce_s_per_byte = get("reduce_s_per_byte", kSecondsPerByte);
       for (const auto& c : j.at("codecs")) {
-        codecs.push_back({c.at("name").get<std::string>(), c.at("ratio").get<double>(),
-                          c.at("s_per_byte").get<double>(), std::nullopt});
+        const std::string name = c.at("name").get<std::string>();
+        const std::string codec_where = fmt::format("{}: codec {}", where, name);
+        codecs.push_back({name, ProbeNumber(c, codec_where, "ratio", kRatio),
+                          ProbeNumber(c, codec_where, "s_per_byte", kCodecSecondsPerByte),
+                          std::nullopt});
         // Earlier probes: kappa from encode + decode alone, its CPU not known.
         if (c.contains("cpu_s_per_byte")) {
-          codecs.back().cpu_s_per_byte = c.at("cpu_s_per_byte").get<double>();
+          codecs.back().cpu_s_per_byte =
+              ProbeNumber(c, codec_where, "cpu_s_per_byte", kCodecSecondsPerByte);
         }
-        codecs.back().s_per_chunk = c.value("s_per_chunk", 0.0);
-        codecs.back().cpu_s_per_chunk = c.value("cpu_s_per_chunk", 0.0);
+        codecs.back().s_per_chunk = ProbeNumber(c, codec_where, "s_per_chunk", kCodecSeconds, 0.0);
+        codecs.back().cpu_s_per_chunk =
+            ProbeNumber(c, codec_where, "cpu_s_per_chunk", kCodecSeconds, 0.0);
       }
     } catch (const nlohmann::json::exception& e) {
       Throw(ErrorCode::kInvalidArgument, "model --probe {}: not a probe result: {}", a.probe_json,
@@ -215,6 +293,26 @@ void RunModel(const ModelArgs& a) {
     in.bandwidth_Bps = 0;
     in.latency_s = -1;
     in.compute_s = -1;
+  }
+  // The flags given (their defaults mark "not given"), in the same ranges as the probe's fields.
+  for (const auto& [flag, value, given, range] :
+       {std::tuple{"-np", static_cast<double>(a.workers), a.workers > 0, kWorkersRange},
+        std::tuple{"--model-bytes", a.model_bytes, a.model_bytes > 0, kModelBytes},
+        std::tuple{"--latency-s", a.latency_s, a.latency_s >= 0, kSeconds},
+        std::tuple{"--bandwidth-Bps", a.bandwidth_Bps, a.bandwidth_Bps > 0, kBandwidth},
+        std::tuple{"--link-rate-bps", a.link_rate_bps, a.link_rate_bps > 0, kLinkRate},
+        std::tuple{"--compute-s", a.compute_s, a.compute_s >= 0, kSeconds},
+        std::tuple{"--update-s", a.update_s, a.update_s >= 0, kSeconds},
+        std::tuple{"--pipelined-update-s", a.pipelined_update_s, a.pipelined_update_s >= 0,
+                   kSeconds},
+        std::tuple{"--reduce-s-per-byte", a.reduce_s_per_byte, a.reduce_s_per_byte >= 0,
+                   kSecondsPerByte},
+        std::tuple{"--chunk-overhead-s", a.chunk_overhead_s, a.chunk_overhead_s >= 0, kSeconds},
+        std::tuple{"--contention", a.contention, a.contention >= 0, kShare},
+        std::tuple{"--chunk-bytes", a.chunk_bytes, a.chunk_bytes > 0, kChunkBytes}}) {
+    if (given && !InRange(value, range)) {
+      RefuseInput("model", flag, fmt::format("{}", value), range);
+    }
   }
   const int probed_workers = in.workers;
   if (a.workers > 0) in.workers = a.workers;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -27,9 +28,73 @@ struct Point {
 
 struct Run {
   std::string name, path;
+  std::string summary_path;  // where `summary` was read from
   std::vector<Point> curve;
   std::optional<nlohmann::json> summary;
 };
+
+// What a field read from a run may hold: a finite number in [lo, hi] (an integer where
+// `integer`), as the message says.
+struct Range {
+  double lo, hi;
+  bool integer;
+  const char* expected;
+};
+constexpr Range kSeconds{0, 1e9, false, "a number of seconds in [0, 1e9]"};
+constexpr Range kAccuracy{0, 1, false, "an accuracy in [0, 1]"};
+constexpr Range kTarget{0, 1, false, "an accuracy in [0, 1] (0: no target)"};
+constexpr Range kRate{0, 1e15, false, "samples per second in [0, 1e15]"};
+constexpr Range kCount{0, 9.0e15, true, "an integer >= 0"};
+constexpr Range kPositiveCount{1, 9.0e15, true, "an integer >= 1"};
+
+// Field `pointer` of `j`, read from `where` (a file, or a file's line): nullopt when absent and
+// not `required`; else a number in `range`, or an Error(kDataLoss) naming the file, the field,
+// the value found and what was expected. (null is a bad value, not an absent one: summary.json
+// and metrics.jsonl are written without nulls.)
+std::optional<double> Number(const nlohmann::json& j, const std::string& where,
+                             const char* pointer, const Range& range, bool required) {
+  const nlohmann::json::json_pointer p(pointer);
+  const char* field = pointer + 1;
+  if (!j.contains(p)) {
+    if (!required) return std::nullopt;
+    Throw(ErrorCode::kDataLoss, "report: {}: field {} is missing; expected {}", where, field,
+          range.expected);
+  }
+  const nlohmann::json& v = j.at(p);
+  const bool ok = v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= range.lo &&
+                  v.get<double>() <= range.hi &&
+                  (!range.integer || v.get<double>() == std::floor(v.get<double>()));
+  if (!ok) {
+    Throw(ErrorCode::kDataLoss, "report: {}: field {} is {}; expected {}", where, field, v.dump(),
+          range.expected);
+  }
+  return v.get<double>();
+}
+
+// Every summary field report reads, checked once where it is loaded: the text fields are
+// strings (absent: "-"), the numbers in range. steps and global_batch are needed only with
+// train_wall_s (samples per second).
+void ValidateSummary(const nlohmann::json& summary, const std::string& where) {
+  for (const char* pointer : {"/mode", "/transport", "/launcher", "/config/comm/compression"}) {
+    const nlohmann::json::json_pointer p(pointer);
+    if (summary.contains(p) && !summary.at(p).is_string()) {
+      Throw(ErrorCode::kDataLoss, "report: {}: field {} is {}; expected a string", where,
+            pointer + 1, summary.at(p).dump());
+    }
+  }
+  const nlohmann::json::json_pointer ef("/config/comm/error_feedback");
+  if (summary.contains(ef) && !summary.at(ef).is_boolean()) {
+    Throw(ErrorCode::kDataLoss, "report: {}: field config/comm/error_feedback is {}; expected "
+          "true or false", where, summary.at(ef).dump());
+  }
+  Number(summary, where, "/config/comm/powersgd_rank", kCount, false);
+  Number(summary, where, "/config/train/pipeline_width", kCount, false);
+  Number(summary, where, "/target_accuracy", kTarget, false);
+  if (Number(summary, where, "/train_wall_s", kSeconds, false)) {
+    Number(summary, where, "/steps", kCount, true);
+    Number(summary, where, "/global_batch", kPositiveCount, true);
+  }
+}
 
 Run LoadRun(const std::string& path) {
   Run run;
@@ -50,6 +115,12 @@ Run LoadRun(const std::string& path) {
       } catch (const nlohmann::json::exception& e) {
         Throw(ErrorCode::kDataLoss, "report: {}: not JSON: {}", summary.string(), e.what());
       }
+      run.summary_path = summary.string();
+      if (!run.summary->is_object()) {
+        Throw(ErrorCode::kDataLoss, "report: {}: {}: expected a summary object", summary.string(),
+              run.summary->dump());
+      }
+      ValidateSummary(*run.summary, run.summary_path);
     }
   } else {
     run.name = fs::path(path).filename().string();
@@ -69,15 +140,23 @@ Run LoadRun(const std::string& path) {
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
     try {
-      const auto j = nlohmann::json::parse(line);
-      run.curve.push_back({j.at("wall_s").get<double>(), j.at("test_accuracy").get<double>(),
-                           j.value("samples_per_s", 0.0)});
+      j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
       Throw(ErrorCode::kDataLoss,
             "report: {} line {}: expected a metrics object with wall_s and test_accuracy: {}",
             metrics.string(), number, e.what());
     }
+    const std::string where = fmt::format("{} line {}", metrics.string(), number);
+    if (!j.is_object()) {
+      Throw(ErrorCode::kDataLoss,
+            "report: {}: {}: expected a metrics object with wall_s and test_accuracy", where,
+            j.dump());
+    }
+    run.curve.push_back({*Number(j, where, "/wall_s", kSeconds, true),
+                         *Number(j, where, "/test_accuracy", kAccuracy, true),
+                         Number(j, where, "/samples_per_s", kRate, false).value_or(0.0)});
   }
   if (run.curve.empty()) {
     Throw(ErrorCode::kDataLoss, "report: {}: no evaluations (an empty metrics.jsonl)",
@@ -86,7 +165,8 @@ Run LoadRun(const std::string& path) {
   return run;
 }
 
-// A value of the summary by JSON pointer, as text; "-" when absent.
+// A value of the summary by JSON pointer, as text; "-" when absent. ValidateSummary has checked
+// its type.
 std::string Field(const Run& run, const char* pointer) {
   if (!run.summary) return "-";
   const nlohmann::json::json_pointer p(pointer);
@@ -199,8 +279,10 @@ void RunReport(const ReportArgs& args) {
   if (targets.empty()) {
     std::set<double> given;
     for (const Run& r : runs) {
-      const std::string t = Field(r, "/target_accuracy");
-      if (t != "-" && std::stod(t) > 0) given.insert(std::stod(t));
+      const std::optional<double> t =
+          r.summary ? Number(*r.summary, r.summary_path, "/target_accuracy", kTarget, false)
+                    : std::nullopt;
+      if (t && *t > 0) given.insert(*t);
     }
     targets.assign(given.begin(), given.end());
     if (targets.empty()) targets = {0.85};

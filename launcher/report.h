@@ -20,7 +20,10 @@ struct ReportArgs {
 };
 
 // Throws Error naming the run and the line: kNotFound (no metrics.jsonl), kDataLoss (a line that
-// is not a metrics object), kUnavailable (gnuplot missing or failing, after the table printed).
+// is not a metrics object; a field of metrics.jsonl or summary.json that is missing where
+// needed, of the wrong type (null included) or out of range: the message names the file, the
+// field, the value and what was expected), kUnavailable (gnuplot missing or failing, after the
+// table printed).
 void RunReport(const ReportArgs& args);
 
 }  // namespace pipesgd::launcher

@@ -52,7 +52,7 @@ struct HostInfo {
   std::string version;
   std::string server_address;  // where ssh reached the host ($SSH_CONNECTION's third field)
   int free_port = 0;
-  std::vector<transport::NetInterface> interfaces;  // up, IPv4
+  std::vector<transport::NetInterface> interfaces;  // up: IPv4, then IPv6
 };
 
 std::string Trimmed(const std::string& text) {
@@ -194,12 +194,14 @@ std::optional<HostInfo> ParseProbe(const std::string& out) {
       words >> i.name >> cidr;
       const size_t slash = cidr.find('/');
       i.ip = cidr.substr(0, slash);
-      i.prefix_len = 32;  // no or a bad prefix: the address alone (the launcher needs no subnet)
+      // No or a bad prefix: the address alone (the launcher needs no subnet).
+      const int bits = i.ip.find(':') == std::string::npos ? 32 : 128;  // IPv4 or IPv6
+      i.prefix_len = bits;
       if (slash != std::string::npos) {
         int n = -1;
         const char* end = cidr.data() + cidr.size();
         if (auto [p, ec] = std::from_chars(cidr.data() + slash + 1, end, n);
-            ec == std::errc() && p == end && n >= 0 && n <= 32) {
+            ec == std::errc() && p == end && n >= 0 && n <= bits) {
           i.prefix_len = n;
         }
       }

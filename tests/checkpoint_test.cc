@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -405,6 +406,131 @@ TEST(ResumeErrors, ADifferentJobNamesTheCheckpointAndThisJob) {
                        "this job has `timeout_s: 120`"),
             std::string::npos)
       << r.err;
+}
+
+// A write that fails on one rank of a keep-1 round (a full disk; here a directory in the way of
+// its file's name) stops the job, and every rank still has the previous round's step: the
+// others delete theirs only once every rank has written the new one. It once read "the newest
+// step every rank has is 4, but rank(s) 0, 1, 3 have no valid checkpoint of step 4".
+TEST(ResumeAfterAFailedWrite, KeepOneLeavesAStepEveryRankHas) {
+  TempDir dir;
+  const std::vector<std::string> job = {
+      kBinary, "run", "-np", "4", kConfig, "--set", "data.train_limit=640", "--set",
+      "data.test_limit=200", "--set", "train.epochs=1", "--set", "train.batch_size=16",
+      "--set", "train.progress_per_epoch=0", "--set", "checkpoint.dir=" + dir.path().string(),
+      "--set", "checkpoint.every_steps=4", "--set", "checkpoint.keep=1"};
+  // 10 steps of global batch 64: rounds at steps 4 and 8, and the final one at 10.
+  const fs::path blocker = CheckpointPath(dir.path(), 8, 2);
+  fs::create_directories(blocker);
+  auto r = testing::RunCommand(job, {}, 300);
+  ASSERT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("rank(s) 2 could not write their checkpoint of step 8"), std::string::npos)
+      << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(fs::exists(CheckpointPath(dir.path(), 4, rank))) << "rank " << rank;
+  }
+  fs::remove_all(blocker);
+
+  auto again = job;
+  again.push_back("--resume");
+  r = testing::RunCommand(again, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resumed from " + CheckpointPath(dir.path(), 4, 0).string()),
+            std::string::npos)
+      << r.out;
+  // The confirmed final round leaves one checkpoint per rank, keep = 1.
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(fs::exists(CheckpointPath(dir.path(), 10, rank))) << "rank " << rank;
+    EXPECT_FALSE(fs::exists(CheckpointPath(dir.path(), 8, rank))) << "rank " << rank;
+    EXPECT_FALSE(fs::exists(CheckpointPath(dir.path(), 4, rank))) << "rank " << rank;
+  }
+}
+
+// A tmpfs mounted for one test, unmounted when it ends.
+class TmpfsMount {
+ public:
+  TmpfsMount(const fs::path& at, const std::string& options) : at_(at) {
+    mounted_ = ::mount("tmpfs", at.c_str(), "tmpfs", 0, options.c_str()) == 0;
+    if (!mounted_) error_ = std::strerror(errno);
+  }
+  ~TmpfsMount() {
+    if (mounted_ && ::umount(at_.c_str()) != 0) ::umount2(at_.c_str(), MNT_DETACH);
+  }
+  TmpfsMount(const TmpfsMount&) = delete;
+  TmpfsMount& operator=(const TmpfsMount&) = delete;
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+  bool Remount(const std::string& options) {
+    return ::mount("tmpfs", at_.c_str(), "tmpfs", MS_REMOUNT, options.c_str()) == 0;
+  }
+
+ private:
+  fs::path at_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+// The same on a real full file system: a tmpfs of 7 files' inodes holds the first round (4 files)
+// and 3 of the second round's; the fourth rank to write gets ENOSPC, whichever it is.
+TEST(ResumeAfterAFailedWrite, AFullDiskKeepsAStepEveryRankHas) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  TempDir dir;
+  TmpfsMount tmpfs(dir.path(), "size=128m,nr_inodes=8");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here: " << tmpfs.error();
+  const std::vector<std::string> job = {
+      kBinary, "run", "-np", "4", kConfig, "--set", "data.train_limit=640", "--set",
+      "data.test_limit=200", "--set", "train.epochs=1", "--set", "train.batch_size=16",
+      "--set", "train.progress_per_epoch=0", "--set", "checkpoint.dir=" + dir.path().string(),
+      "--set", "checkpoint.every_steps=4", "--set", "checkpoint.keep=1"};
+  auto r = testing::RunCommand(job, {}, 300);
+  ASSERT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("could not write their checkpoint of step 8"), std::string::npos) << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(fs::exists(CheckpointPath(dir.path(), 4, rank))) << "rank " << rank;
+  }
+  ASSERT_TRUE(tmpfs.Remount("size=128m,nr_inodes=1000")) << std::strerror(errno);
+  auto again = job;
+  again.push_back("--resume");
+  r = testing::RunCommand(again, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resumed from " + CheckpointPath(dir.path(), 4, 0).string()),
+            std::string::npos)
+      << r.out;
+}
+
+// A checkpoint directory copied elsewhere resumes from there: its path is no part of the job's
+// identity (it was: "written by another job: in checkpoint: the checkpoint has `dir: ...`").
+TEST(ResumeFromAMovedDirectory, IsTheSameJob) {
+  TempDir dir;
+  const fs::path first = dir.path() / "first", moved = dir.path() / "moved";
+  auto job = [&](const fs::path& ckpt) {
+    return std::vector<std::string>{kBinary, "run", "-np", "2", kConfig, "--set",
+                                    "data.train_limit=640", "--set", "train.epochs=1", "--set",
+                                    "data.test_limit=200", "--set",
+                                    "checkpoint.dir=" + ckpt.string()};
+  };
+  auto r = testing::RunCommand(job(first), {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  fs::copy(first, moved, fs::copy_options::recursive);
+  fs::remove_all(first);
+  auto again = job(moved);
+  again.push_back("--resume");
+  r = testing::RunCommand(again, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("resumed from " + moved.string()), std::string::npos) << r.out;
+}
+
+// Checkpoints written before carry their directory in their job text: still the same job.
+TEST(ResumeFromAMovedDirectory, AnOlderCheckpointWithItsDirectoryFits) {
+  checkpoint::Checkpoint c = Make(10, 0, 3);
+  const std::string head = "pipesgd x\ntrain {\n  epochs: 1\n}\ncheckpoint {\n";
+  c.set_job(head + "  dir: \"/old\"\n  keep: 2\n}\n");
+  const std::string job = head + "  dir: \"\"\n  keep: 2\n}\n";
+  EXPECT_NO_THROW(train::CheckCheckpointFitsJob(c, "/new", job, 4, 3));
+  std::string other = job;
+  other.replace(other.find("keep: 2"), 7, "keep: 3");
+  EXPECT_THROW(train::CheckCheckpointFitsJob(c, "/new", other, 4, 3), Error);
 }
 
 }  // namespace

@@ -512,7 +512,8 @@ TEST(Cli, InfoPrintsTheBuildsCapabilities) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* needle : {"pipesgd 0.1.0\ntransports:\n  tcp: built in", "  ucx: ",
                              "  ibverbs: ", "  GPUDirect RDMA: ", "  RLIMIT_MEMLOCK: ",
-                             "comm.transport = AUTO picks: ", "network interfaces (IPv4, up): lo 127.0.0.1/8",
+                             "comm.transport = AUTO picks: ",
+                             "network interfaces (up, IPv4 then IPv6): lo 127.0.0.1/8",
                              "CUDA: ", "BLAS: OpenBLAS", "\nthreads: "}) {
     EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
   }

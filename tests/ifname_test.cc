@@ -154,6 +154,52 @@ TEST(ChooseInterface, NoInterfacesAtAll) {
   }
 }
 
+// A dual-stack host: IPv4 entries first, as ListNetInterfaces lists them; ib0 is IPv6 only.
+std::vector<NetInterface> Lab6() {
+  return {{"lo", "127.0.0.1", 8},           {"eth0", "10.0.0.2", 24},
+          {"eth1", "192.168.5.7", 24},      {"lo", "::1", 128},
+          {"eth0", "2001:db8:1::2", 64},    {"eth1", "2001:db8:5::7", 64},
+          {"ib0", "2001:db8:9::9", 64}};
+}
+
+// An IPv6 rendezvous address picks the interface as an IPv4 one does (it picked eth0 for ::1:
+// the data went over eth0, not loopback), by the interface's IPv4 address where it has one.
+TEST(ChooseInterface, Ipv6RendezvousPicksByPrefix) {
+  InterfaceChoice c = ChooseInterface(Lab6(), std::nullopt, "", "::1", "::1");
+  EXPECT_EQ(c.iface.name, "lo");
+  EXPECT_EQ(c.iface.ip, "127.0.0.1");
+  EXPECT_EQ(c.reason, "on the prefix ::1/128 of the rendezvous address ::1");
+  // lo without an IPv6 address (IPv6 off on it): still lo.
+  c = ChooseInterface(Lab(), std::nullopt, "", "::1", "");
+  EXPECT_EQ(c.iface.name, "lo");
+  EXPECT_EQ(c.iface.ip, "127.0.0.1");
+  c = ChooseInterface(Lab6(), std::nullopt, "", "2001:db8:5::1", "2001:db8:1::2");
+  EXPECT_EQ(c.iface.name, "eth1");
+  EXPECT_EQ(c.iface.ip, "192.168.5.7");
+  EXPECT_EQ(c.reason, "on the prefix 2001:db8:5::/64 of the rendezvous address 2001:db8:5::1");
+  c = ChooseInterface(Lab6(), std::nullopt, "", "2001:db8:9::1", "");
+  EXPECT_EQ(c.iface.name, "ib0");  // no IPv4 address: its IPv6 one
+  EXPECT_EQ(c.iface.ip, "2001:db8:9::9");
+  // Off every prefix: the route, as for IPv4.
+  c = ChooseInterface(Lab6(), std::nullopt, "", "2001:db8:77::1", "2001:db8:5::7");
+  EXPECT_EQ(c.iface.name, "eth1");
+  EXPECT_EQ(c.iface.ip, "192.168.5.7");
+  // A filter narrows first.
+  c = ChooseInterface(Lab6(), ParseIfnameFilter("eth0", "x"), "x", "::1", "::1");
+  EXPECT_EQ(c.iface.name, "eth0");
+  EXPECT_EQ(c.iface.ip, "10.0.0.2");
+}
+
+TEST(ChooseInterface, Ipv4MappedAddressesAreIpv4) {
+  InterfaceChoice c = ChooseInterface(Lab6(), std::nullopt, "", "::ffff:192.168.5.1", "");
+  EXPECT_EQ(c.iface.name, "eth1");
+  EXPECT_EQ(c.iface.ip, "192.168.5.7");
+  EXPECT_EQ(c.reason, "on the subnet 192.168.5.0/24 of the rendezvous address 192.168.5.1");
+  c = ChooseInterface(Lab6(), std::nullopt, "", "::ffff:127.0.0.1", "::ffff:127.0.0.1");
+  EXPECT_EQ(c.iface.name, "lo");
+  EXPECT_EQ(c.iface.ip, "127.0.0.1");
+}
+
 TEST(ListNetInterfaces, ThisHostHasLoopback) {
   bool lo = false;
   for (const auto& i : ListNetInterfaces()) lo = lo || (i.name == "lo" && i.ip == "127.0.0.1" && i.prefix_len == 8);

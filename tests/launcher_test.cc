@@ -3,8 +3,11 @@
 // tier's), the job token, the per-network flags and per-rank output files.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -287,6 +290,34 @@ TEST(Run, AnExplicitMasterPortInUseIsRefusedBeforeAnyRankStarts) {
       << r.err;
   EXPECT_EQ(r.out.find("[rank"), std::string::npos) << r.out;
   EXPECT_EQ(r.err.find("[rank"), std::string::npos) << r.err;
+}
+
+// An IPv6 loopback rendezvous keeps the data on loopback too (the interface choice was IPv4-only:
+// with MASTER_ADDR ::1 the ranks listened on eth0).
+TEST(Run, AnIpv6LoopbackRendezvousKeepsTheDataOnLoopback) {
+  const int probe = socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_loopback;
+  const bool has_ipv6 =
+      probe >= 0 && bind(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (probe >= 0) close(probe);
+  if (!has_ipv6) GTEST_SKIP() << "no IPv6 loopback (::1) on this host";
+  const std::string port = std::to_string(testing::FreePort());
+  const auto r = RunCommand(Args({kBinary, "run", "-np", "2", kConfig, "--master-addr", "::1",
+                                  "--master-port", port, "--set", "data.train_limit=640",
+                                  "--set", "data.test_limit=200", "--set", "train.epochs=1"},
+                                 {}),
+                            {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string log = r.out + r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(std::regex_search(
+        log, std::regex(fmt::format("rank {} on [^\n]*: transport tcp, interface lo, address "
+                                    "127\\.0\\.0\\.1\n",
+                                    rank))))
+        << log;
+  }
 }
 
 // A rank that stops (SIGSTOP) mid-training: the others fail because of it (status 3) and name

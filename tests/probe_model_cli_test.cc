@@ -355,7 +355,8 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
     out << broken.dump();
   }
   ExpectError(RunCommand({kBinary, "model", "--probe", dir.path("broken.json")}),
-              {"model --probe", "broken.json: per_rank is not a probe's"});
+              {"model --probe", "broken.json: per_rank compute_s = \"fast\": expected seconds in "
+               "[0, 3600]"});
   auto negative = j;
   negative["cpu_share"] = -0.5;
   {
@@ -363,7 +364,7 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
     out << negative.dump();
   }
   ExpectError(RunCommand({kBinary, "model", "--probe", dir.path("negative.json")}),
-              {"negative.json: cpu_share = -0.5: expected a number >= 0"});
+              {"negative.json: cpu_share = -0.5: expected CPUs in [0, 1048576]"});
   // Every field the model reads is checked and named: these aborted on an invariant (workers 0,
   // ratio 0, a chunk key that is not a size), wrapped (1e308 workers) or gave negative or NaN
   // times with exit 0.
@@ -384,8 +385,7 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   refused("wbig.json", [](auto& b) { b["workers"] = 1e308; }, {"wbig.json: workers = 1e+308"});
   refused("wfrac.json", [](auto& b) { b["workers"] = 2.5; }, {"wfrac.json: workers = 2.5"});
   refused("ratio.json", [](auto& b) { b["codecs"][1]["ratio"] = 0; },
-          {"ratio.json: codec", "ratio = 0",
-           "expected a ratio >= 1 and costs >= -reduce_s_per_byte"});
+          {"ratio.json: codec", "ratio = 0: expected a ratio in [1, 1024]"});
   refused("codec_cpu.json",
           [](auto& b) {
             b["codecs"][2]["cpu_s_per_byte"] = -2 * b["reduce_s_per_byte"].template get<double>();
@@ -397,11 +397,11 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
           },
           {"codec_chunk.json: codec q8", "s_per_chunk = -", "expected costs >= -chunk_overhead_s"});
   refused("fast.json", [](auto& b) { b["fast_allreduce_s"] = -1; },
-          {"fast.json: fast_allreduce_s = -1: expected a number >= 0"});
+          {"fast.json: fast_allreduce_s = -1: expected seconds in [0, 3600]"});
   refused("update.json", [](auto& b) { b["update_s"] = -1; },
-          {"update.json: update_s = -1: expected a number >= 0"});
+          {"update.json: update_s = -1: expected seconds in [0, 3600]"});
   refused("gamma.json", [](auto& b) { b["contention"] = 5; },
-          {"gamma.json: contention = 5: expected a number in [0, 1]"});
+          {"gamma.json: contention = 5: expected a share in [0, 1]"});
   refused("key.json",
           [](auto& b) {
             auto& t = b["per_rank"][0]["allreduce_s"];
@@ -409,19 +409,14 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
           },
           {"key.json: per_rank allreduce_s key \"abc\": expected a chunk size in bytes"});
   refused("sync.json", [](auto& b) { b["sync_step_s"]["chunk_bytes"] = 0; },
-          {"sync.json: sync_step_s chunk_bytes = 0: expected a size in bytes (>= 1)"});
+          {"sync.json: sync_step_s chunk_bytes = 0: expected bytes in [1, 1099511627776]"});
   refused("nocodec.json", [](auto& b) { b["codecs"] = nlohmann::json::array(); },
           {"nocodec.json: codecs = []: expected the list a probe writes, \"none\" first"});
   refused("renamed.json", [](auto& b) { b["codecs"][0]["name"] = "bogus"; },
           {"renamed.json: codecs = [bogus, "});
-  // (As a probe before the PS steps were timed: the PS formulas' rows, which overflow first.)
-  refused("huge.json",
-          [](auto& b) {
-            b["model_bytes"] = 1e308;
-            b.erase("ps_sync_step_s");
-            b.erase("ps_async_step_s");
-          },
-          {"gives -nan s per iteration", "M = 1e+308 B", "expected inputs whose times are finite"});
+  // (It gave NaN rows, before the model's inputs were range-checked.)
+  refused("huge.json", [](auto& b) { b["model_bytes"] = 1e308; },
+          {"huge.json: model_bytes = 1e+308: expected bytes in (0, 1099511627776]"});
   // One worker over a probe of 3 ranks: C + U alone (no sigma: it waits for no AllReduce), width
   // 1, and none of the 3 ranks' measurements set beside a model of another world.
   auto one = RunCommand({kBinary, "model", "--probe", json, "--np", "1"});
@@ -569,7 +564,61 @@ TEST(TimingModelCli, NumbersMustBeFinite) {
   auto gamma = with({"--model-bytes", "940584", "--contention", "nan"});
   EXPECT_NE(gamma.exit_code, 0);
   ExpectError(with({"--model-bytes", "1e308"}),
-              {"gives -nan s per iteration", "expected inputs whose times are finite"});
+              {"model: --model-bytes = 1e+308: expected bytes in (0, 1099511627776]"});
+}
+
+// Every input read from a probe file, and every flag, is range-checked, and a refused one names
+// the file, the field, the value and the range (model_bytes 1e300 printed 300-digit times).
+TEST(TimingModelCli, ProbeInputsOutOfRangeAreRefusedByName) {
+  testing::TempDir dir("pipesgd_model");
+  const nlohmann::json probe = {
+      {"workers", 4}, {"model_bytes", 940584}, {"latency_s", 5e-5}, {"bandwidth_Bps", 1.25e8},
+      {"chunk_overhead_s", 1e-5}, {"compute_s", 3e-3}, {"update_s", 2e-4},
+      {"reduce_s_per_byte", 1e-10},
+      {"codecs", {{{"name", "none"}, {"ratio", 1}, {"s_per_byte", 0}},
+                  {{"name", "q8"}, {"ratio", 3.9}, {"s_per_byte", 1e-10}}}}};
+  const std::string good = dir.File("good.json", probe.dump());
+  const auto ok = RunCommand({kBinary, "model", "--probe", good});
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  const auto refused = [&](const std::string& field, const nlohmann::json& value,
+                           const std::string& expected) {
+    nlohmann::json bad = probe;
+    if (field == "ratio") {
+      bad["codecs"][1]["ratio"] = value;
+    } else {
+      bad[field] = value;
+    }
+    const std::string file = dir.File("bad.json", bad.dump());
+    const auto r = RunCommand({kBinary, "model", "--probe", file});
+    EXPECT_NE(r.exit_code, 0) << field << " = " << value.dump();
+    EXPECT_NE(r.err.find("model --probe " + file + ": " + expected), std::string::npos)
+        << field << " = " << value.dump() << ": " << r.err;
+    EXPECT_EQ(r.out.find("best:"), std::string::npos) << r.out;
+  };
+  refused("model_bytes", 1e300, "model_bytes = 1e+300: expected bytes in (0, 1099511627776]");
+  refused("model_bytes", -5, "model_bytes = -5: expected bytes in (0, 1099511627776]");
+  refused("model_bytes", nullptr, "model_bytes = null: expected bytes in (0, 1099511627776]");
+  refused("compute_s", "NaN", "compute_s = \"NaN\": expected seconds in [0, 3600]");
+  refused("latency_s", "inf", "latency_s = \"inf\": expected seconds in [0, 3600]");
+  refused("bandwidth_Bps", 1e300,
+          "bandwidth_Bps = 1e+300: expected bytes per second in [0, 10000000000000]");
+  refused("contention", -0.1, "contention = -0.1: expected a share in [0, 1]");
+  refused("host_cpus", nullptr, "host_cpus = null: expected CPUs in [0, 1048576]");
+  refused("ratio", 1e300, "codec q8: ratio = 1e+300: expected a ratio in [1, 1024]");
+  nlohmann::json missing = probe;
+  missing.erase("update_s");
+  const std::string file = dir.File("missing.json", missing.dump());
+  const auto r = RunCommand({kBinary, "model", "--probe", file});
+  EXPECT_NE(r.err.find("model --probe " + file + ": update_s is missing: expected seconds in "
+                       "[0, 3600]"),
+            std::string::npos)
+      << r.err;
+  // Flags: the same ranges.
+  const auto flag = RunCommand({kBinary, "model", "--probe", good, "--compute-s", "1e300"});
+  EXPECT_NE(flag.exit_code, 0);
+  EXPECT_NE(flag.err.find("model: --compute-s = 1e+300: expected seconds in [0, 3600]"),
+            std::string::npos)
+      << flag.err;
 }
 
 TEST(ParameterServer, OneRankIsRefusedByName) {

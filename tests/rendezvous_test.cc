@@ -424,6 +424,15 @@ TEST(TokenProof, IsHmacSha256OfTheLengthPrefixedFieldsAndComparesInConstantTime)
   EXPECT_NE(transport::RandomBytes(32), transport::RandomBytes(32));
 }
 
+TEST(IsLoopbackIp, BothFamiliesAndIpv4Mapped) {
+  for (const char* ip : {"127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1"}) {
+    EXPECT_TRUE(transport::IsLoopbackIp(ip)) << ip;
+  }
+  for (const char* ip : {"10.0.0.1", "fd00::2", "::ffff:10.0.0.1", "localhost", ""}) {
+    EXPECT_FALSE(transport::IsLoopbackIp(ip)) << ip;
+  }
+}
+
 TEST(DescribeJobDifference, NamesTheSectionAndBothLines) {
   const std::string a = "v1\nmodel {\n  layers {\n    linear {\n      out_features: 256\n    }\n  }\n}\n";
   const std::string b = "v1\nmodel {\n  layers {\n    linear {\n      out_features: 255\n    }\n  }\n}\n";

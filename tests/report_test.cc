@@ -77,5 +77,53 @@ TEST(Report, BadRunsAreNamed) {
   EXPECT_NE(r.err.find("--target 85: expected an accuracy in (0, 1]"), std::string::npos) << r.err;
 }
 
+// Every field report reads is checked where it is read: a bad one names the file, the field, the
+// value and what was expected (a null target_accuracy once gave "unexpected failure: stod").
+TEST(Report, BadFieldsAreNamedWithTheirFile) {
+  TempDir dir;
+  const std::string line = "{\"wall_s\": 1, \"test_accuracy\": 0.5}\n";
+  auto run = [&](const std::string& name, const std::string& summary) {
+    std::filesystem::create_directories(dir.path(name));
+    dir.File(name + "/metrics.jsonl", line);
+    dir.File(name + "/summary.json", summary);
+    return RunCommand({kBinary, "report", dir.path(name), "--png", ""});
+  };
+  struct Case {
+    const char* summary;
+    std::string expected;
+  };
+  for (const Case& c : {
+           Case{"{\"target_accuracy\": null}", "field target_accuracy is null; expected an "
+                                               "accuracy in [0, 1] (0: no target)"},
+           Case{"{\"target_accuracy\": \"0.9\"}", "field target_accuracy is \"0.9\"; expected "
+                                                  "an accuracy in [0, 1] (0: no target)"},
+           Case{"{\"target_accuracy\": 85}", "field target_accuracy is 85; expected an accuracy "
+                                             "in [0, 1] (0: no target)"},
+           Case{"{\"train_wall_s\": 10, \"global_batch\": 64}",
+                "field steps is missing; expected an integer >= 0"},
+           Case{"{\"mode\": 3}", "field mode is 3; expected a string"}}) {
+    const auto r = run("run", c.summary);
+    EXPECT_EQ(r.exit_code, 1) << c.summary;
+    EXPECT_NE(r.err.find("report: " + dir.path("run") + "/summary.json: " + c.expected),
+              std::string::npos)
+        << c.summary << "\n" << r.err;
+  }
+  const std::string bad = dir.File("bad.jsonl", line + "{\"wall_s\": 2}\n");
+  auto r = RunCommand({kBinary, "report", bad, "--png", ""});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("report: " + bad + " line 2: field test_accuracy is missing; expected an "
+                       "accuracy in [0, 1]"),
+            std::string::npos)
+      << r.err;
+  const std::string null_time =
+      dir.File("null.jsonl", "{\"wall_s\": null, \"test_accuracy\": 1}\n");
+  r = RunCommand({kBinary, "report", null_time, "--png", ""});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("report: " + null_time + " line 1: field wall_s is null; expected a number "
+                       "of seconds in [0, 1e9]"),
+            std::string::npos)
+      << r.err;
+}
+
 }  // namespace
 }  // namespace pipesgd

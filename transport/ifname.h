@@ -13,8 +13,11 @@
 // error, not a wildcard.
 //
 // Default choice, when no filter is given (and, among the interfaces a filter admits, when one is):
-//   1. an interface whose IPv4 subnet contains the rendezvous address (MASTER_ADDR); for a
-//      loopback MASTER_ADDR that is lo;
+//   1. an interface whose subnet contains the rendezvous address (MASTER_ADDR); for a
+//      loopback MASTER_ADDR that is lo. An IPv6 address is matched against the interfaces'
+//      IPv6 prefixes (::1: lo, also where lo has no IPv6 address), and the interface is then
+//      used at its IPv4 address where it has one (the data connections go to the address
+//      chosen, as for every other rule); an IPv4-mapped one (::ffff:a.b.c.d) is the IPv4 address;
 //   2. the interface the kernel routes to the rendezvous address through, unless it is lo,
 //      docker* or virbr*;
 //   3. any other interface except lo, docker* and virbr*;
@@ -45,15 +48,15 @@ struct IfnameFilter {
 // "PIPESGD_SOCKET_IFNAME" or "comm.network_interface"), the text and what is wrong.
 IfnameFilter ParseIfnameFilter(std::string_view text, std::string_view source);
 
-// One IPv4 address of an up interface.
+// One address of an up interface (IPv4, or IPv6 where `ip` holds a ':').
 struct NetInterface {
   std::string name;  // "eth0"
-  std::string ip;    // "10.0.0.2"
-  int prefix_len = 0;  // 24 for a /24
+  std::string ip;    // "10.0.0.2", "fd00::2"
+  int prefix_len = 0;  // 24 for a /24, 64 for an IPv6 /64
 };
 
-// IPv4 addresses of the interfaces that are up (getifaddrs), in the kernel's order. Throws Error
-// kIo if the list cannot be read.
+// Addresses of the interfaces that are up (getifaddrs): the IPv4 ones in the kernel's order,
+// then the IPv6 ones but link-local. Throws Error kIo if the list cannot be read.
 std::vector<NetInterface> ListNetInterfaces();
 
 // True for lo, docker* and virbr*: used only when nothing else is there.
@@ -65,7 +68,7 @@ struct InterfaceChoice {
 };
 
 // Chooses among `interfaces` as described above. `filter` (from `filter_source`) narrows the
-// candidates first; `target_ip` is the rendezvous address (numeric IPv4, may be empty);
+// candidates first; `target_ip` is the rendezvous address (numeric IPv4 or IPv6, may be empty);
 // `routed_ip` is the local address the kernel uses toward it (may be empty). Throws Error
 // kInvalidArgument if no interface is admitted, listing the interfaces seen; kUnavailable if
 // there are none at all.

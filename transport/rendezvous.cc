@@ -23,7 +23,13 @@ namespace pipesgd::transport {
 bool IsLoopbackIp(const std::string& ip) {
   boost::system::error_code ec;
   const auto address = boost::asio::ip::make_address(ip, ec);
-  return !ec && address.is_loopback();
+  if (ec) return false;
+  // An IPv4 peer on an IPv6 socket (::ffff:127.0.0.1) is as local as 127.0.0.1.
+  if (address.is_v6() && address.to_v6().is_v4_mapped()) {
+    return boost::asio::ip::make_address_v4(boost::asio::ip::v4_mapped, address.to_v6())
+        .is_loopback();
+  }
+  return address.is_loopback();
 }
 
 namespace {

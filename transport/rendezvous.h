@@ -31,7 +31,8 @@
 
 namespace pipesgd::transport {
 
-// True if `ip` is a loopback address (127.0.0.0/8, ::1); false for a name or a malformed one.
+// True if `ip` is a loopback address (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104); false for a name
+// or a malformed one.
 bool IsLoopbackIp(const std::string& ip);
 
 class FailureRelay;

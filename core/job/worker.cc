@@ -184,7 +184,11 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
 #endif
   if (!optimizer) optimizer = std::make_unique<train::SgdOptimizer>(sgd_options, params.size());
   train::Optimizer& sgd = *optimizer;
-  const std::string job_text = JobDescription(job);
+  // A checkpoint belongs to the job, not to where it is kept: its directory is left out of the
+  // identity, so that a copied or moved directory resumes (checkpoint.dir = the new place).
+  config::Job ckpt_identity = job;
+  ckpt_identity.mutable_checkpoint()->clear_dir();
+  const std::string ckpt_job_text = JobDescription(ckpt_identity);
   const auto& ckpt_cfg = job.checkpoint();
   const std::filesystem::path ckpt_dir = ckpt_cfg.dir();
   std::optional<checkpoint::Checkpoint> resumed;
@@ -194,7 +198,7 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
             "--resume: checkpoint.dir is not set in the config (nothing to resume from)");
     }
     resumed = train::AgreeOnCheckpoint(*comm, ckpt_dir, comm_cfg.timeout_s());
-    train::CheckCheckpointFitsJob(*resumed, ckpt_cfg.dir(), job_text, env.world_size,
+    train::CheckCheckpointFitsJob(*resumed, ckpt_cfg.dir(), ckpt_job_text, env.world_size,
                                   params.size());
     std::copy(resumed->params().begin(), resumed->params().end(), params.begin());
     sgd.LoadState({resumed->optimizer_state().data(),
@@ -276,11 +280,25 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
     if (ckpt_cfg.dir().empty() || trainer.steps() == saved_step) return;
     const train::TrainerSnapshot snapshot = trainer.Snapshot();
     const std::vector<float> opt = sgd.SaveState();
+    // The round's agreement below is one more collective: the checkpoint records the sequence
+    // after it, where this run goes on and a resumed one must start (it keys the codecs'
+    // stochastic rounding).
     const checkpoint::Checkpoint c = train::CaptureCheckpoint(
-        {job_text, env.rank, env.world_size, comm->sequence(), params, opt, comm->residual(),
-         width, comm->options().chunk_bytes, comm->options().streams},
+        {ckpt_job_text, env.rank, env.world_size, comm->sequence() + 1, params, opt,
+         comm->residual(), width, comm->options().chunk_bytes, comm->options().streams},
         snapshot);
-    train::WriteCheckpoint(ckpt_dir, c, ckpt_cfg.keep());
+    // A rank deletes its older checkpoints only once every rank has written this step (a full
+    // disk on one rank must leave a step all can resume from): one AllReduce of a one-hot
+    // failure flag, on the trainer's communication thread after the steps (Snapshot drained
+    // them). It costs a few bytes per round, beside a write of the whole model; learning the
+    // same from the next round's gradients instead would keep two rounds of files and could
+    // not confirm the last round before the job ends.
+    train::WriteCheckpointRound(ckpt_dir, c, ckpt_cfg.keep(), [&](float failed) {
+      std::vector<float> all(static_cast<size_t>(env.world_size), 0.0f);
+      all[static_cast<size_t>(env.rank)] = failed;
+      trainer.AllReduce(all, collective::ReduceOp::kSum);
+      return all;
+    });
     saved_step = snapshot.steps;
     if (lead) {
       PSGD_LOG_INFO("checkpoint: step {} written to {}", snapshot.steps,

@@ -8,8 +8,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <fstream>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -79,6 +82,9 @@ std::vector<std::pair<int64_t, fs::path>> ListCheckpoints(const fs::path& dir, i
   // ckpt-<12 digits>.rank<rank>, exactly.
   const std::string suffix = ".rank" + std::to_string(rank);
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    // Something else under a checkpoint's name (a directory in the way) is none: it must neither
+    // count as the newest step when pruning nor be tried on --resume.
+    if (std::error_code type_ec; !entry.is_regular_file(type_ec)) continue;
     const std::string file = entry.path().filename().string();
     if (file.size() != 5 + 12 + suffix.size() || file.compare(0, 5, "ckpt-") != 0 ||
         file.compare(17, std::string::npos, suffix) != 0) {
@@ -98,7 +104,7 @@ fs::path CheckpointPath(const fs::path& dir, int64_t step, int rank) {
   return dir / fmt::format("ckpt-{:012d}.rank{}", step, rank);
 }
 
-void WriteCheckpoint(const fs::path& dir, const checkpoint::Checkpoint& checkpoint, int keep) {
+void WriteCheckpointFile(const fs::path& dir, const checkpoint::Checkpoint& checkpoint) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
@@ -131,14 +137,16 @@ void WriteCheckpoint(const fs::path& dir, const checkpoint::Checkpoint& checkpoi
     throw;
   }
   if (::close(fd) != 0) ThrowIo("close", tmp_path);
-  if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) ThrowIo("rename into place", final_path);
+  if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
+    const int rename_errno = errno;
+    ::unlink(tmp_path.c_str());  // a full disk must not stay full of this rank's temporaries
+    errno = rename_errno;
+    ThrowIo("rename into place", final_path);
+  }
   FsyncDirectory(dir);
 
-  // Only now that the new one is durable: drop the old ones (and temporaries of crashed writes).
-  const auto existing = ListCheckpoints(dir, checkpoint.rank());
-  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < existing.size(); ++i) {
-    fs::remove(existing[i].second, ec);
-  }
+  // Temporaries of this rank's crashed writes (another pid's) can go at once: no checkpoint is
+  // ever read from a temporary name.
   const std::string stale_prefix = fmt::format(".rank{}.tmp.", checkpoint.rank());
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string file = entry.path().filename().string();
@@ -147,6 +155,49 @@ void WriteCheckpoint(const fs::path& dir, const checkpoint::Checkpoint& checkpoi
       fs::remove(entry.path(), ec);
     }
   }
+}
+
+void PruneCheckpoints(const fs::path& dir, int rank, int64_t confirmed_step, int keep) {
+  std::error_code ec;
+  int kept = 0;
+  for (const auto& [step, path] : ListCheckpoints(dir, rank)) {
+    // Steps after the confirmed one are a stopped run's, which not every rank reached (this run
+    // went back to an older step and writes its own); steps before it beyond `keep` are spent.
+    if (step > confirmed_step || kept++ >= std::max(keep, 1)) {
+      fs::remove(path, ec);
+    }
+  }
+}
+
+void WriteCheckpoint(const fs::path& dir, const checkpoint::Checkpoint& checkpoint, int keep) {
+  WriteCheckpointFile(dir, checkpoint);
+  PruneCheckpoints(dir, checkpoint.rank(), checkpoint.steps(), keep);
+}
+
+void WriteCheckpointRound(const fs::path& dir, const checkpoint::Checkpoint& checkpoint, int keep,
+                          const std::function<std::vector<float>(float)>& gather_failed) {
+  std::exception_ptr failure;
+  try {
+    WriteCheckpointFile(dir, checkpoint);
+  } catch (const Error&) {
+    failure = std::current_exception();
+  }
+  // Every rank takes part, its write failed or not, so that all learn the same outcome at once.
+  const std::vector<float> failed = gather_failed(failure ? 1.0f : 0.0f);
+  if (failure) std::rethrow_exception(failure);
+  std::vector<int> ranks;
+  for (size_t r = 0; r < failed.size(); ++r) {
+    if (failed[r] != 0) ranks.push_back(static_cast<int>(r));
+  }
+  if (!ranks.empty()) {
+    Error e(ErrorCode::kIo,
+            fmt::format("checkpoint: rank(s) {} could not write their checkpoint of step {} "
+                        "(their own errors say why); stopping, with the previous checkpoints kept "
+                        "on every rank (--resume goes back to the newest step every rank has)",
+                        fmt::join(ranks, ", "), checkpoint.steps()));
+    throw e.set_culprit(ranks.front());
+  }
+  PruneCheckpoints(dir, checkpoint.rank(), checkpoint.steps(), keep);
 }
 
 checkpoint::Checkpoint ReadCheckpoint(const fs::path& path) {
@@ -258,12 +309,37 @@ TrainerSnapshot SnapshotFromCheckpoint(const checkpoint::Checkpoint& c) {
   return snapshot;
 }
 
+namespace {
+
+// `job` (FormatConfig's text) without checkpoint.dir: checkpoints written before the directory
+// was left out of the identity carry it, and must still resume from wherever they are now.
+std::string WithoutCheckpointDir(const std::string& job) {
+  std::string out;
+  bool in_checkpoint = false;
+  size_t start = 0;
+  while (start < job.size()) {
+    size_t end = job.find('\n', start);
+    end = end == std::string::npos ? job.size() : end + 1;
+    const std::string_view line(job.data() + start, end - start);
+    start = end;
+    if (line.starts_with("checkpoint {")) in_checkpoint = true;
+    if (in_checkpoint && line.starts_with("}")) in_checkpoint = false;
+    if (in_checkpoint && line.starts_with("  dir: ")) continue;
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace
+
 void CheckCheckpointFitsJob(const checkpoint::Checkpoint& c, const std::string& dir,
                             const std::string& job, int world_size, size_t num_params) {
-  if (c.job() != job) {
+  const std::string theirs = WithoutCheckpointDir(c.job());
+  const std::string ours = WithoutCheckpointDir(job);
+  if (theirs != ours) {
     Throw(ErrorCode::kInvalidArgument,
           "--resume: the checkpoint of step {} in {} was written by another job: {}", c.steps(),
-          dir, transport::DescribeJobDifference(c.job(), "the checkpoint", job, "this job"));
+          dir, transport::DescribeJobDifference(theirs, "the checkpoint", ours, "this job"));
   }
   if (c.world_size() != world_size || c.params_size() != static_cast<int64_t>(num_params)) {
     Throw(ErrorCode::kDataLoss,
