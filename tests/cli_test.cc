@@ -105,9 +105,11 @@ TEST_P(MainJob, ReachesAccuracyWithinThreeEpochs) {
 INSTANTIATE_TEST_SUITE_P(Widths, MainJob, ::testing::Values(1, 2));
 
 // The CNN job (configs/fashion_mnist_cnn.pbtxt), CI-sized: 4 workers, width 2, the first 20000
-// training samples for 2 epochs, the first 2000 test samples. It reached 0.8305 here on oneDNN
-// (0.8340 on im2col + OpenBLAS; the run is deterministic for a given build and machine, the
-// margin covers other kernels' rounding). The full job (60000 samples, 4 epochs) reaches 0.8976
+// training samples for 2 epochs, the first 2000 test samples. Over seeds 1-4 on oneDNN, with its
+// AVX-512 kernels and with ONEDNN_MAX_CPU_ISA=AVX2 (8 runs, 2026-12-07;
+// docs/results/compression_seeds.md): 0.8300-0.8605, mean 0.8488, standard deviation 0.0118;
+// seed 1, the one run here, 0.8305 and 0.8300. Another CPU's kernels move a run as another seed
+// does, so the bound is 4 standard deviations below the mean: 0.80. The full job (60000 samples, 4 epochs) reaches 0.8976
 // on oneDNN and 0.8967 on OpenBLAS (`pipesgd run -np 4 configs/fashion_mnist_cnn.pbtxt`, with
 // `--set model.kernels=OPENBLAS`), too long for CI.
 TEST(CnnJob, CiSizedRunReachesAccuracy) {
@@ -138,7 +140,7 @@ TEST(CnnJob, CiSizedRunReachesAccuracy) {
   // The library that ran, not the field as written (AUTO).
   EXPECT_EQ(summary.at("kernels"), onednn ? "onednn" : "openblas");
   const double accuracy = summary.at("final_test_accuracy").get<double>();
-  EXPECT_GE(accuracy, 0.82);
+  EXPECT_GE(accuracy, 0.80);
   EXPECT_EQ(summary.at("details").at("pipeline_width"), 2);
   EXPECT_EQ(summary.at("world_size"), 4);
   std::printf("cnn (CI-sized): final test accuracy %.4f in %.1f s\n", accuracy,
