@@ -1,0 +1,64 @@
+// What every train.mode must do alike (issue 45), with whole `pipesgd run` jobs on loopback:
+// SDPIPE runs exactly train.max_steps; every mode writes a --timeline with spans of each rank;
+// every mode honours model.device = CUDA or refuses it before any rank starts; the default
+// --timeline window of a Pipe-SGD job lies past its synchronous warm-up and shows the overlap.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tests/support/cli.h"
+
+namespace pipesgd {
+namespace {
+
+using testing::CliTempDir;
+using testing::CommandResult;
+using testing::kBinary;
+using testing::kConfig;
+using testing::RunCommand;
+
+const std::string kPipelineConfig =
+    std::string(PIPESGD_SOURCE_DIR) + "/configs/fashion_mnist_mlp_pipeline.pbtxt";
+
+CommandResult RunJob(int np, const std::string& config, const std::vector<std::string>& sets,
+                     const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv = {kBinary, "run", "-np", std::to_string(np), config};
+  for (const auto& s : sets) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return RunCommand(argv, {}, 180);
+}
+
+// 3 ranks, 10 steps per epoch (480 samples, batch 16 x 3), 23 steps: no multiple of the
+// epoch, of the world size or of sdpipe.period (10). Issue 45: 120 asked, 116 reported.
+TEST(JobModes, SdpipeRunsExactlyMaxSteps) {
+  CliTempDir dir;
+  const CommandResult r =
+      RunJob(3, kConfig,
+             {"train.mode=SDPIPE", "train.batch_size=16", "train.epochs=3", "train.max_steps=23",
+              "data.train_limit=480", "data.test_limit=300"},
+             {"--out", dir.path("out")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream file(dir.path("out/summary.json"));
+  ASSERT_TRUE(file);
+  const auto summary = nlohmann::json::parse(file);
+  EXPECT_EQ(summary.at("steps").get<int64_t>(), 23);
+  EXPECT_EQ(summary.at("details").at("local_steps_all_ranks").get<int64_t>(), 23 * 3);
+  std::ifstream metrics(dir.path("out/metrics.jsonl"));
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(metrics, line);) {
+    steps.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{10, 20, 23}));  // the epochs' ends, the last step
+}
+
+}  // namespace
+}  // namespace pipesgd
