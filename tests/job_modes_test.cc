@@ -60,5 +60,37 @@ TEST(JobModes, SdpipeRunsExactlyMaxSteps) {
   EXPECT_EQ(steps, (std::vector<int64_t>{10, 20, 23}));  // the epochs' ends, the last step
 }
 
+// Issue 45: PS_SYNC, PS_ASYNC, SDPIPE and the pipeline stages trained on the CPU without a word;
+// RING (on this machine without a GPU) failed only in its ranks, after they started.
+TEST(JobModes, CudaIsRefusedBeforeAnyRankStartsWhereItCannotRun) {
+  const CommandResult info = RunCommand({kBinary, "info"});
+  const bool gpu_here = info.out.find("no CUDA device") == std::string::npos &&
+                        info.out.find("backend not built") == std::string::npos;
+  struct Case {
+    const char* name;
+    std::string config;
+    std::vector<std::string> sets;
+    const char* mode;
+  };
+  std::vector<Case> cases = {
+      {"PS_SYNC", kConfig, {"train.mode=PS_SYNC"}, "train.mode = PS_SYNC"},
+      {"PS_ASYNC", kConfig, {"train.mode=PS_ASYNC"}, "train.mode = PS_ASYNC"},
+      {"SDPIPE", kConfig, {"train.mode=SDPIPE"}, "train.mode = SDPIPE"},
+      {"pipeline", kPipelineConfig, {"sdpipe.min_group=1"}, "pipeline.stages = 2"},
+  };
+  if (!gpu_here) cases.push_back({"RING", kConfig, {}, "model.device = CUDA"});
+  for (const Case& c : cases) {
+    std::vector<std::string> sets = {"model.device=CUDA", "train.max_steps=5",
+                                     "data.train_limit=960", "data.test_limit=200"};
+    sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+    const CommandResult r = RunJob(2, c.config, sets);
+    EXPECT_NE(r.exit_code, 0) << c.name << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find("model.device"), std::string::npos) << c.name << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.mode), std::string::npos) << c.name << "\n" << r.err;
+    EXPECT_EQ((r.out + r.err).find("[rank "), std::string::npos) << c.name << ": a rank started\n"
+                                                                 << r.out << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace pipesgd

@@ -58,6 +58,32 @@ namespace {
 
 }  // namespace
 
+void CheckLocalGpus(const config::Job& job, int local_ranks) {
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  if (job.model().device() != config::Model::CUDA) return;
+  std::string why;
+  const int count = cuda::CudaDeviceCount(&why);
+  if (count == 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "model.device = CUDA: this machine has no CUDA device ({}); no rank was started; use "
+          "model.device: CPU or run on a machine with a GPU",
+          why);
+  }
+  const int gpu_index = job.model().gpu_index();
+  const int highest = gpu_index >= 0 ? gpu_index : local_ranks - 1;
+  if (highest >= count) {
+    Throw(ErrorCode::kInvalidArgument,
+          "model.device = CUDA: {} needs GPU {}, but this machine has {} CUDA device(s) "
+          "(0..{}); no rank was started",
+          gpu_index >= 0 ? "model.gpu_index" : fmt::format("local rank {}", highest), highest,
+          count, count - 1);
+  }
+#else
+  (void)job;
+  (void)local_ranks;
+#endif
+}
+
 namespace {
 void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point start);
 }  // namespace

@@ -118,6 +118,12 @@ JobEnv ReadJobEnv();
 // exits non-zero).
 void RunWorker(const WorkerArgs& args);
 
+// For `pipesgd run -np N` before it starts a rank: with model.device = CUDA, this machine must
+// have the GPU of each of its `local_ranks` ranks (model.gpu_index, else the local rank).
+// Throws Error(kInvalidArgument) naming model.device and the devices found. No-op otherwise,
+// and in a build without the CUDA backend (config validation refuses CUDA there).
+void CheckLocalGpus(const config::Job& job, int local_ranks);
+
 // The parameter-server schemes (train.mode PS_SYNC, PS_ASYNC; core/job/ps_worker.cc): rank 0
 // serves, the other ranks train. Same outputs as RunWorker (log lines, metrics.jsonl,
 // summary.json, --timeline). Throws pipesgd::Error.
