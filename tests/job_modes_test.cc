@@ -37,6 +37,28 @@ CommandResult RunJob(int np, const std::string& config, const std::vector<std::s
   return RunCommand(argv, {}, 180);
 }
 
+struct Span {
+  int rank;
+  std::string name;
+  int64_t step;
+  double begin, end;
+};
+
+std::vector<Span> ReadSpans(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << path;
+  std::vector<Span> out;
+  if (!in) return out;
+  const auto j = nlohmann::json::parse(in);
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const double ts = e.at("ts").get<double>();
+    out.push_back({e.at("pid").get<int>(), e.at("name").get<std::string>(),
+                   e.at("args").at("step").get<int64_t>(), ts, ts + e.at("dur").get<double>()});
+  }
+  return out;
+}
+
 // 3 ranks, 10 steps per epoch (480 samples, batch 16 x 3), 23 steps: no multiple of the
 // epoch, of the world size or of sdpipe.period (10). Issue 45: 120 asked, 116 reported.
 TEST(JobModes, SdpipeRunsExactlyMaxSteps) {
@@ -89,6 +111,53 @@ TEST(JobModes, CudaIsRefusedBeforeAnyRankStartsWhereItCannotRun) {
     EXPECT_NE(r.err.find(c.mode), std::string::npos) << c.name << "\n" << r.err;
     EXPECT_EQ((r.out + r.err).find("[rank "), std::string::npos) << c.name << ": a rank started\n"
                                                                  << r.out << r.err;
+  }
+}
+
+// Issue 45: the default window was steps 0-19, all inside a width-2 job's synchronous warm-up
+// (50 steps by default), so the trace showed no overlap. 20 warm-up steps here: the old default
+// window lies entirely within them.
+TEST(JobModes, DefaultTimelineOfPipeSgdShowsTheOverlapAfterTheWarmUp) {
+  CliTempDir dir;
+  const std::string tl = dir.path("tl.json");
+  CommandResult r = RunJob(
+      2, kConfig,
+      {"train.pipeline_width=2", "train.sync_warmup_steps=20", "train.batch_size=16",
+       "train.epochs=1", "train.max_steps=60", "data.train_limit=1920", "data.test_limit=200"},
+      {"--timeline", tl});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::vector<Span> spans = ReadSpans(tl);
+  std::map<int, std::set<int64_t>> steps;
+  for (const Span& s : spans) steps[s.rank].insert(s.step);
+  bool overlap = false;
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_FALSE(steps[rank].empty()) << rank;
+    EXPECT_GE(*steps[rank].begin(), 20) << "rank " << rank << " recorded warm-up steps";
+    EXPECT_EQ(steps[rank].size(), 20u) << rank;
+  }
+  // Step t's AllReduce still running when step t+1's compute began (as tests/timeline_test.cc).
+  for (const Span& ar : spans) {
+    if (ar.name != "allreduce") continue;
+    for (const Span& c : spans) {
+      if (c.rank == ar.rank && (c.name == "forward" || c.name == "backward") &&
+          c.step == ar.step + 1 && c.begin < ar.end) {
+        overlap = true;
+      }
+    }
+  }
+  EXPECT_TRUE(overlap) << "no AllReduce overlapped the next step's compute";
+
+  // A run shorter than the warm-up and the window: its last steps, not nothing.
+  r = RunJob(
+      2, kConfig,
+      {"train.pipeline_width=2", "train.sync_warmup_steps=20", "train.batch_size=16",
+       "train.epochs=1", "train.max_steps=12", "data.train_limit=1920", "data.test_limit=200"},
+      {"--timeline", tl, "--timeline-steps", "5"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  steps.clear();
+  for (const Span& s : ReadSpans(tl)) steps[s.rank].insert(s.step);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(steps[rank], (std::set<int64_t>{7, 8, 9, 10, 11})) << rank;
   }
 }
 

@@ -239,8 +239,12 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
       resumed ? &*resumed : nullptr, lead);
   const int width = settings.pipeline_width;
   trainer_options.pipeline_width = width;
+  const train::RunPlan plan =
+      PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch),
+                     static_cast<int64_t>(batch) * env.world_size);
   // Outlives the trainer, which records on it.
-  const std::unique_ptr<timeline::Recorder> recorder = TimelineRecorder(args, env);
+  const std::unique_ptr<timeline::Recorder> recorder =
+      TimelineRecorder(args, env, plan, resumed ? resumed->steps() : 0);
   comm->set_timeline(recorder.get());
   task.set_timeline(recorder.get());
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
@@ -322,9 +326,6 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
   };
   RingMode mode(trainer, evaluate_shard, save_checkpoint, ckpt_cfg, env.rank, comm_cfg);
   LeadReporter reporter(lead, out.get(), /*show_wire=*/true);
-  const train::RunPlan plan =
-      PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch),
-                     static_cast<int64_t>(batch) * env.world_size);
   if (lead && trainer.steps() >= plan.total_steps()) {
     PSGD_LOG_INFO("nothing to train: the checkpoint is at step {} of {}", trainer.steps(),
                   plan.total_steps());
