@@ -82,6 +82,53 @@ TEST(JobModes, SdpipeRunsExactlyMaxSteps) {
   EXPECT_EQ(steps, (std::vector<int64_t>{10, 20, 23}));  // the epochs' ends, the last step
 }
 
+// Issue 45: SDPIPE and the pipeline stages trained, then the merge failed ("cannot read
+// ...rank0.json"): only RING and PS wrote a timeline.
+TEST(JobModes, EveryModeWritesATimelineWithSpansOfEachRank) {
+  struct Case {
+    const char* name;
+    int np;
+    std::string config;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Case> cases = {
+      {"RING", 2, kConfig, {}},
+      {"PS_SYNC", 3, kConfig, {"train.mode=PS_SYNC"}},
+      {"PS_ASYNC", 3, kConfig, {"train.mode=PS_ASYNC"}},
+      {"SDPIPE", 2, kConfig, {"train.mode=SDPIPE"}},
+      {"pipeline", 2, kPipelineConfig, {"sdpipe.min_group=1"}},
+  };
+  CliTempDir dir;
+  for (const Case& c : cases) {
+    std::vector<std::string> sets = {"train.batch_size=16", "train.epochs=1", "train.max_steps=12",
+                                     "data.train_limit=960", "data.test_limit=200"};
+    sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+    const std::string tl = dir.path(std::string(c.name) + ".json");
+    // Every step: an SDPIPE rank's local steps differ from the job's global ones, and its last
+    // barrier (where every rank averages) may lie past step 12.
+    const CommandResult r =
+        RunJob(c.np, c.config, sets,
+               {"--timeline", tl, "--timeline-first-step", "0", "--timeline-steps", "1000"});
+    EXPECT_EQ(r.exit_code, 0) << c.name << "\n" << r.out << r.err;
+    if (r.exit_code != 0) continue;
+    std::map<int, std::set<std::string>> names;
+    for (const Span& s : ReadSpans(tl)) names[s.rank].insert(s.name);
+    for (int rank = 0; rank < c.np; ++rank) {
+      EXPECT_FALSE(names[rank].empty()) << c.name << ": no span of rank " << rank;
+    }
+    if (std::string(c.name) == "SDPIPE") {
+      for (const char* name : {"forward", "backward", "update", "average"}) {
+        EXPECT_EQ(names[0].count(name), 1u) << "SDPIPE: no " << name << " span";
+      }
+    }
+    if (std::string(c.name) == "pipeline") {
+      for (const char* name : {"forward", "backward", "update", "recv"}) {
+        EXPECT_EQ(names[1].count(name), 1u) << "pipeline stage 1: no " << name << " span";
+      }
+    }
+  }
+}
+
 // Issue 45: PS_SYNC, PS_ASYNC, SDPIPE and the pipeline stages trained on the CPU without a word;
 // RING (on this machine without a GPU) failed only in its ranks, after they started.
 TEST(JobModes, CudaIsRefusedBeforeAnyRankStartsWhereItCannotRun) {

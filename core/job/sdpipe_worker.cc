@@ -178,13 +178,18 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
                            train_cfg.weight_decay()},
                           params.size());
+  // Outlives the trainer, which records on it. Its steps are this rank's local steps.
+  const std::unique_ptr<timeline::Recorder> recorder = TimelineRecorder(args, env, plan, 0);
+  task.set_timeline(recorder.get());
   train::SdpipeTrainer trainer(comm, objective, sgd, params, groups,
                                {comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
+  trainer.set_timeline(recorder.get());
 
   SdpipeMode mode(trainer, task, params, test_set, env.rank, env.world_size, client,
                   comm_cfg.timeout_s());
   LeadReporter reporter(lead, out.get(), /*show_wire=*/false);
   const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
+  WriteTimeline(recorder.get(), args, env);
 
   const double wall_s = Seconds(start);
   if (lead) {
