@@ -53,6 +53,26 @@ CLI::Validator FiniteNumber(bool positive) {
       "NUMBER " + rule);
 }
 
+// --timeline-first-step: "auto" (the run's first steady step, resolved in the worker where the
+// config is known: past train.sync_warmup_steps) or a step number >= 0.
+CLI::Validator FirstStep() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text == "auto") return "";
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (end == text.c_str() || *end != '\0' || v < 0) {
+          return text + ": expected auto or a step number >= 0";
+        }
+        return "";
+      },
+      "auto|STEP");
+}
+
+int64_t FirstStepValue(const std::string& text) {
+  return text == "auto" ? pipesgd::job::kTimelineFirstStepAuto : std::stoll(text);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,13 +171,17 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--resume", run.resume,
                     "Continue from the newest checkpoint every rank has in checkpoint.dir");
   std::string run_timeline;
-  int64_t run_timeline_first = 0, run_timeline_steps = 20;
+  std::string run_timeline_first = "auto";
+  int64_t run_timeline_steps = 20;
   run_cmd->add_option("--timeline", run_timeline,
                       "Write a Chrome trace-event JSON timeline (open in Perfetto) of every rank's "
                       "compute and communication spans: FILE.rankR.json per rank, merged into "
                       "FILE at the end of a local run");
   run_cmd->add_option("--timeline-first-step", run_timeline_first,
-                      "First step the timeline records")->capture_default_str()->check(CLI::NonNegativeNumber);
+                      "First step the timeline records; auto: the first steady step, after "
+                      "train.sync_warmup_steps (the last steps of a shorter run)")
+      ->capture_default_str()
+      ->check(FirstStep());
   run_cmd->add_option("--timeline-steps", run_timeline_steps,
                       "Steps the timeline records")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   auto* hosts_opt = run_cmd->add_option(
@@ -215,8 +239,12 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--timeline", worker.timeline,
                          "Write this rank's Chrome trace-event JSON timeline (one rank: FILE; "
                          "else FILE.rankR.json)");
-  worker_cmd->add_option("--timeline-first-step", worker.timeline_first_step,
-                         "First step the timeline records")->capture_default_str()->check(CLI::NonNegativeNumber);
+  std::string worker_timeline_first = "auto";
+  worker_cmd->add_option("--timeline-first-step", worker_timeline_first,
+                         "First step the timeline records; auto: the first steady step, after "
+                         "train.sync_warmup_steps (the last steps of a shorter run)")
+      ->capture_default_str()
+      ->check(FirstStep());
   worker_cmd->add_option("--timeline-steps", worker.timeline_steps, "Steps the timeline records")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   worker_cmd->add_flag("--overwrite", worker.overwrite,
@@ -509,7 +537,7 @@ int main(int argc, char** argv) {
       }
       if (!run_timeline.empty()) {
         run.extra_worker_args = {"--timeline", run_timeline, "--timeline-first-step",
-                                 std::to_string(run_timeline_first), "--timeline-steps",
+                                 run_timeline_first, "--timeline-steps",
                                  std::to_string(run_timeline_steps)};
       }
       if (!over_ssh) {
@@ -576,6 +604,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     pipesgd::InitLogging(worker.verbose);
+    worker.timeline_first_step = FirstStepValue(worker_timeline_first);
     pipesgd::job::RunWorker(worker);
     return 0;
   } catch (const pipesgd::Error& e) {

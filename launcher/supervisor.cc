@@ -501,7 +501,8 @@ int RunLocal(const RunArgs& args) {
   }
   // Check the config once here, so a mistake is reported once and not by every worker.
   if (args.worker_command.empty() && args.program.empty()) {
-    job::LoadJobConfig(args.config_path, args.overrides);
+    const config::Job job = job::LoadJobConfig(args.config_path, args.overrides);
+    job::CheckLocalGpus(job, args.num_processes);  // here, not once per rank after its start
   }
   if (!args.out_dir.empty()) {
     job::CheckOutDirIsFree(args.out_dir, args.overwrite || args.resume);  // before any rank starts

@@ -156,9 +156,8 @@ std::vector<testing::RankResult> RunPipeline(const RunSpec& run) {
       GroupSchedulerOptions so;
       so.world_size = run.pipelines;
       so.period = 1;
-      // Once the total is reached the next round is the barrier that stops the job: the last
-      // step's round.
-      so.total_updates = static_cast<int64_t>(run.steps - 1) * run.pipelines;
+      // The barrier that stops the job ends exactly at the total: the last step's round.
+      so.total_updates = static_cast<int64_t>(run.steps) * run.pipelines;
       std::vector<float> port = {0};
       if (ctx.rank == 0) {
         service = std::make_unique<GroupSchedulerService>(so, run.stages, "127.0.0.1", "");

@@ -58,7 +58,7 @@ std::string ErrorOf(const std::function<void()>& fn) {
 
 TEST(SdpipeService, EveryMemberGetsTheSameSortedGroup) {
   GroupSchedulerOptions o = Options(4, 1);
-  o.total_updates = 12;  // 3 rounds of everyone, then the last barrier
+  o.total_updates = 16;  // 3 rounds of everyone, then the last barrier ends at the total
   GroupSchedulerService service(o, 1, "127.0.0.1", "");
   std::vector<std::vector<GroupDecision>> got(4);
   std::vector<std::thread> ranks;

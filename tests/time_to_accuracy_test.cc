@@ -110,11 +110,8 @@ TEST(TimeToAccuracy, EveryModeEvaluatesEveryNStepsStopsAtTheTargetAndReportsAlik
         EXPECT_TRUE(m.contains(key)) << mode.name << ": metrics line " << i << " has no " << key;
       }
       const int64_t step = m.at("step").get<int64_t>();
-      // Every 40 steps or an epoch's end. SDPIPE's barriers count local steps over all ranks,
-      // so its step can pass the boundary by less than one step per rank.
-      if (std::string(mode.name) != "SDPIPE") {
-        EXPECT_TRUE(step % 40 == 0 || step % per_epoch == 0) << mode.name << " step " << step;
-      }
+      // Every 40 steps or an epoch's end (SDPIPE's barriers end exactly there too).
+      EXPECT_TRUE(step % 40 == 0 || step % per_epoch == 0) << mode.name << " step " << step;
       EXPECT_EQ(m.at("epoch").get<int>(), step <= per_epoch ? 1 : 2) << mode.name;
       EXPECT_GE(m.at("wall_s").get<double>(), previous_wall) << mode.name;
       previous_wall = m.at("wall_s").get<double>();
@@ -137,8 +134,7 @@ TEST(TimeToAccuracy, EveryModeEvaluatesEveryNStepsStopsAtTheTargetAndReportsAlik
         << mode.name;
     EXPECT_DOUBLE_EQ(s.at("final_test_accuracy").get<double>(),
                      last.at("test_accuracy").get<double>()) << mode.name;
-    EXPECT_LT(s.at("steps").get<int64_t>(), 2 * per_epoch * (std::string(mode.name) == "SDPIPE" ? 4 : 1))
-        << mode.name << ": stopped early";
+    EXPECT_LT(s.at("steps").get<int64_t>(), 2 * per_epoch) << mode.name << ": stopped early";
     EXPECT_EQ(s.at("target_accuracy").get<double>(), 0.7) << mode.name;
     EXPECT_EQ(s.at("global_batch").get<int64_t>(), 16 * mode.workers) << mode.name;
     EXPECT_EQ(s.at("evaluations").get<int64_t>(), static_cast<int64_t>(lines.size())) << mode.name;

@@ -179,6 +179,7 @@ class Validator {
     CheckCompensation(job);
     CheckPowerSgd(job);
     CheckAutoWidth(job);
+    CheckDeviceForMode(job);
     if (!errors_.empty()) {
       Throw(ErrorCode::kInvalidArgument, "{}", fmt::join(errors_, "\n"));
     }
@@ -472,6 +473,23 @@ class Validator {
                                 "(the trial steps would move PowerSGD's state); set 1 or 2",
                                 path, job.comm().powersgd_rank()));
     }
+  }
+
+  // Only the RING trainer has a GPU path (core/cuda): the other modes built their models on the
+  // CPU whatever model.device said and trained there without a word (issue 45).
+  void CheckDeviceForMode(const config::Job& job) {
+    if (job.model().device() != config::Model::CUDA) return;
+    const bool stages = job.pipeline().stages() > 1;
+    if (job.train().mode() == config::RING && !stages) return;
+    std::vector<Step> steps{{Field<config::Job>(config::Job::kModelFieldNumber), -1},
+                            {Field<config::Model>(config::Model::kDeviceFieldNumber), -1}};
+    const std::string mode =
+        stages ? fmt::format("train.mode = {} with pipeline.stages = {}",
+                             config::TrainMode_Name(job.train().mode()), job.pipeline().stages())
+               : fmt::format("train.mode = {}", config::TrainMode_Name(job.train().mode()));
+    Report(steps, fmt::format("{} = CUDA: not implemented with {} (only train.mode = RING "
+                              "without pipeline stages trains on the GPU); use CPU",
+                              PathString(steps), mode));
   }
 
   // PowerSGD replaces the ring's codec and needs what only the RING trainer on the CPU has.

@@ -275,12 +275,16 @@ void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::
   topt.seed = train_cfg.seed();
   topt.timeout_s = comm_cfg.timeout_s();
   topt.compression_warmup_steps = comm_cfg.warmup_steps();
+  // Outlives the trainer, which records on it.
+  const std::unique_ptr<timeline::Recorder> recorder = TimelineRecorder(args, env, plan, 0);
   train::PipelineTrainer trainer(comm, layout, model, sgd, data, groups, topt);
+  trainer.set_timeline(recorder.get());
 
   PipelineMode mode(trainer, groups, comm, model, full, test_set, scaling, offset, stage, M,
                     pipeline, env.rank, env.world_size, eval_batch, comm_cfg.timeout_s());
   LeadReporter reporter(lead, out.get(), /*show_wire=*/false);
   const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
+  WriteTimeline(recorder.get(), args, env);
 
   const double wall_s = Seconds(start);
   if (lead) {

@@ -147,6 +147,9 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
                                  fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
   const train::PsOptions options{sync ? train::PsMode::kSync : train::PsMode::kAsync,
                                  comm_cfg.timeout_s()};
+  const int64_t global_batch = static_cast<int64_t>(batch) * workers;
+  const train::RunPlan plan =
+      PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch), global_batch);
 
   if (server) {
     PSGD_LOG_INFO("parameter server: {} workers connected over {}", workers,
@@ -158,7 +161,8 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
     for (auto& c : links.connections) conns.push_back(c.get());
     train::PsServer ps(*links.transport, conns, sgd, params, options);
     // Rank 0's file too: a local run merges every rank's, and a missing one failed the job.
-    const std::unique_ptr<timeline::Recorder> recorder = detail::TimelineRecorder(args, env);
+    const std::unique_ptr<timeline::Recorder> recorder =
+        detail::TimelineRecorder(args, env, plan, 0);
     ps.set_timeline(recorder.get());
     ps.Run();
     detail::WriteTimeline(recorder.get(), args, env);
@@ -167,15 +171,13 @@ void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& j
     return;
   }
 
-  const std::unique_ptr<timeline::Recorder> recorder = detail::TimelineRecorder(args, env);
+  const std::unique_ptr<timeline::Recorder> recorder =
+      detail::TimelineRecorder(args, env, plan, 0);
   task.set_timeline(recorder.get());
   train::PsWorker worker(*links.transport, *links.connections[0], task, params, env.rank, options);
   worker.set_timeline(recorder.get());
   PsWorkerMode mode(worker, task, params, test_set, shard, workers);
   LeadReporter reporter(lead, out.get(), /*show_wire=*/false);
-  const int64_t global_batch = static_cast<int64_t>(batch) * workers;
-  const train::RunPlan plan =
-      PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch), global_batch);
   const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
   worker.Bye();
   detail::WriteTimeline(recorder.get(), args, env);

@@ -48,7 +48,8 @@ class SdpipeMode : public train::TrainingMode {
   int64_t steps() const override { return trainer_.steps(); }
   void Step() override { last_ = trainer_.Step(); }
   train::RunPoint Point(const train::RunPlan&) const override {
-    // A barrier's updates can pass the boundary by up to N-1 local steps (rounds are whole).
+    // A barrier ends exactly at its boundary (the scheduler holds the rounds before it to what
+    // leaves the barrier's N updates), so the evaluation points and the last step are exact.
     return {last_.updates / world_size_, last_.evaluate, last_.epoch_end, last_.stop,
             last_.epoch_end ? last_.epoch : last_.epoch + 1};
   }
@@ -83,7 +84,8 @@ class SdpipeMode : public train::TrainingMode {
   // answer (seen as "lost the group scheduler" on a loaded machine).
   void Finish(bool at_target) override {
     if (!at_target) return;
-    client_.Request(0, trainer_.steps() + 1, Deadline::After(timeout_s_), true);
+    client_.Request(0, trainer_.steps() + 1, Deadline::After(timeout_s_), true,
+                    /*leaving=*/true);
     std::vector<float> token = {0};
     trainer_.AllReduceAll(token, collective::ReduceOp::kSum);
   }
@@ -176,13 +178,18 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
   train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
                            train_cfg.weight_decay()},
                           params.size());
+  // Outlives the trainer, which records on it. Its steps are this rank's local steps.
+  const std::unique_ptr<timeline::Recorder> recorder = TimelineRecorder(args, env, plan, 0);
+  task.set_timeline(recorder.get());
   train::SdpipeTrainer trainer(comm, objective, sgd, params, groups,
                                {comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
+  trainer.set_timeline(recorder.get());
 
   SdpipeMode mode(trainer, task, params, test_set, env.rank, env.world_size, client,
                   comm_cfg.timeout_s());
   LeadReporter reporter(lead, out.get(), /*show_wire=*/false);
   const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
+  WriteTimeline(recorder.get(), args, env);
 
   const double wall_s = Seconds(start);
   if (lead) {

@@ -177,10 +177,29 @@ SchedulerEndpoint StartScheduler(collective::GroupCommunicator& comm, const JobE
   return s;
 }
 
-std::unique_ptr<timeline::Recorder> TimelineRecorder(const WorkerArgs& args, const JobEnv& env) {
+int64_t TimelineFirstStep(const WorkerArgs& args, const train::RunPlan& plan,
+                          int64_t start_step) {
+  if (args.timeline_first_step != kTimelineFirstStepAuto) return args.timeline_first_step;
+  // The run's first steady step: past the synchronous warm-up (train.sync_warmup_steps, which
+  // plan.warmup_steps covers), where a Pipe-SGD trace shows its overlap; the auto values' trial
+  // steps run before step 0 on scratch copies and take none of the run's steps. A shorter run
+  // records its last steps rather than nothing.
+  const int64_t steady = start_step + plan.warmup_steps;
+  const int64_t last_window = std::max(start_step, plan.total_steps() - args.timeline_steps);
+  return std::min(steady, last_window);
+}
+
+std::unique_ptr<timeline::Recorder> TimelineRecorder(const WorkerArgs& args, const JobEnv& env,
+                                                     const train::RunPlan& plan,
+                                                     int64_t start_step) {
   if (args.timeline.empty()) return nullptr;
-  return std::make_unique<timeline::Recorder>(env.rank, args.timeline_first_step,
-                                              args.timeline_steps);
+  const int64_t first = TimelineFirstStep(args, plan, start_step);
+  PSGD_LOG_INFO("rank {}: --timeline records steps [{}, {}){}", env.rank, first,
+                first + args.timeline_steps,
+                args.timeline_first_step == kTimelineFirstStepAuto
+                    ? " (--timeline-first-step auto: the first steady step)"
+                    : "");
+  return std::make_unique<timeline::Recorder>(env.rank, first, args.timeline_steps);
 }
 
 void WriteTimeline(const timeline::Recorder* recorder, const WorkerArgs& args,
@@ -188,9 +207,7 @@ void WriteTimeline(const timeline::Recorder* recorder, const WorkerArgs& args,
   if (recorder == nullptr) return;
   const std::string file = timeline::RankFile(args.timeline, env.rank, env.world_size);
   recorder->WriteFile(file);
-  PSGD_LOG_INFO("rank {}: timeline of steps [{}, {}): {} spans written to {}{}", env.rank,
-                args.timeline_first_step, args.timeline_first_step + args.timeline_steps,
-                recorder->size(), file,
+  PSGD_LOG_INFO("rank {}: timeline: {} spans written to {}{}", env.rank, recorder->size(), file,
                 recorder->dropped()
                     ? fmt::format(" ({} dropped: buffer full)", recorder->dropped())
                     : "");

@@ -58,6 +58,32 @@ namespace {
 
 }  // namespace
 
+void CheckLocalGpus(const config::Job& job, int local_ranks) {
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  if (job.model().device() != config::Model::CUDA) return;
+  std::string why;
+  const int count = cuda::CudaDeviceCount(&why);
+  if (count == 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "model.device = CUDA: this machine has no CUDA device ({}); no rank was started; use "
+          "model.device: CPU or run on a machine with a GPU",
+          why);
+  }
+  const int gpu_index = job.model().gpu_index();
+  const int highest = gpu_index >= 0 ? gpu_index : local_ranks - 1;
+  if (highest >= count) {
+    Throw(ErrorCode::kInvalidArgument,
+          "model.device = CUDA: {} needs GPU {}, but this machine has {} CUDA device(s) "
+          "(0..{}); no rank was started",
+          gpu_index >= 0 ? "model.gpu_index" : fmt::format("local rank {}", highest), highest,
+          count, count - 1);
+  }
+#else
+  (void)job;
+  (void)local_ranks;
+#endif
+}
+
 namespace {
 void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point start);
 }  // namespace
@@ -217,8 +243,12 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
       resumed ? &*resumed : nullptr, lead);
   const int width = settings.pipeline_width;
   trainer_options.pipeline_width = width;
+  const train::RunPlan plan =
+      PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch),
+                     static_cast<int64_t>(batch) * env.world_size);
   // Outlives the trainer, which records on it.
-  const std::unique_ptr<timeline::Recorder> recorder = TimelineRecorder(args, env);
+  const std::unique_ptr<timeline::Recorder> recorder =
+      TimelineRecorder(args, env, plan, resumed ? resumed->steps() : 0);
   comm->set_timeline(recorder.get());
   task.set_timeline(recorder.get());
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
@@ -314,9 +344,6 @@ void RunWorkerJob(const WorkerArgs& args, const JobEnv& env, Clock::time_point s
   };
   RingMode mode(trainer, evaluate_shard, save_checkpoint, ckpt_cfg, env.rank, comm_cfg);
   LeadReporter reporter(lead, out.get(), /*show_wire=*/true);
-  const train::RunPlan plan =
-      PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch),
-                     static_cast<int64_t>(batch) * env.world_size);
   if (lead && trainer.steps() >= plan.total_steps()) {
     PSGD_LOG_INFO("nothing to train: the checkpoint is at step {} of {}", trainer.steps(),
                   plan.total_steps());

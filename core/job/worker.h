@@ -2,6 +2,7 @@
 // transport, rendezvous, communicator and trainer together and runs the epochs.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ inline constexpr int kExitBecauseOfAnotherRank = 3;
 // `replace` is false, naming when that run started and how to replace it or go elsewhere.
 void CheckOutDirIsFree(const std::string& dir, bool replace);
 
+// --timeline-first-step auto: the window starts at the run's first steady step.
+inline constexpr int64_t kTimelineFirstStepAuto = -1;
+
 struct WorkerArgs {
   std::string config_path;
   std::vector<std::string> overrides;  // "path=value", as for --set
@@ -33,7 +37,9 @@ struct WorkerArgs {
   // Chrome trace-event JSON of this rank's compute and communication spans (core/base/timeline.h):
   // rank R of N > 1 writes timeline::RankFile(timeline, R, N); empty: no timeline.
   std::string timeline;
-  int64_t timeline_first_step = 0;     // the window of steps recorded
+  // The window of steps recorded; kTimelineFirstStepAuto: from the run's first steady step
+  // (after train.sync_warmup_steps; detail::TimelineFirstStep).
+  int64_t timeline_first_step = kTimelineFirstStepAuto;
   int64_t timeline_steps = 20;
 };
 
@@ -117,6 +123,12 @@ JobEnv ReadJobEnv();
 // Runs the rank to completion. Throws pipesgd::Error on any failure (the caller prints it and
 // exits non-zero).
 void RunWorker(const WorkerArgs& args);
+
+// For `pipesgd run -np N` before it starts a rank: with model.device = CUDA, this machine must
+// have the GPU of each of its `local_ranks` ranks (model.gpu_index, else the local rank).
+// Throws Error(kInvalidArgument) naming model.device and the devices found. No-op otherwise,
+// and in a build without the CUDA backend (config validation refuses CUDA there).
+void CheckLocalGpus(const config::Job& job, int local_ranks);
 
 // The parameter-server schemes (train.mode PS_SYNC, PS_ASYNC; core/job/ps_worker.cc): rank 0
 // serves, the other ranks train. Same outputs as RunWorker (log lines, metrics.jsonl,

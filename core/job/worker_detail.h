@@ -155,8 +155,15 @@ SchedulerEndpoint StartScheduler(collective::GroupCommunicator& comm, const JobE
                                  const train::GroupSchedulerOptions& options, int states,
                                  Deadline deadline);
 
-// --timeline: this rank's recorder (null without it), and its file written at the end.
-std::unique_ptr<timeline::Recorder> TimelineRecorder(const WorkerArgs& args, const JobEnv& env);
+// --timeline: this rank's recorder (null without it), and its file written at the end. The
+// window's first step is --timeline-first-step, or for its default (auto) the first steady step
+// of a run that starts at `start_step` (plan.warmup_steps later; the last timeline_steps steps
+// of a run shorter than that).
+int64_t TimelineFirstStep(const WorkerArgs& args, const train::RunPlan& plan,
+                          int64_t start_step);
+std::unique_ptr<timeline::Recorder> TimelineRecorder(const WorkerArgs& args, const JobEnv& env,
+                                                     const train::RunPlan& plan,
+                                                     int64_t start_step);
 void WriteTimeline(const timeline::Recorder* recorder, const WorkerArgs& args,
                    const JobEnv& env);
 

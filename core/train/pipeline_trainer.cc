@@ -6,6 +6,7 @@
 
 #include "core/base/check.h"
 #include "core/base/error.h"
+#include "core/base/timeline.h"
 
 namespace pipesgd::train {
 
@@ -97,6 +98,10 @@ GroupDecision PipelineTrainer::Step() {
   const layers::Shape in = stage_.in_shape(), out = stage_.out_shape();
   const bool first = prev_ == nullptr, last = next_ == nullptr;
   double loss_sum = 0;
+  if (timeline_) {
+    timeline_->SetStep(timeline::kCompute, t);
+    timeline_->SetStep(timeline::kComm, t);
+  }
   for (const PipelineOp& op : schedule_) {
     const int mb = op.micro_batch;
     const size_t slot = static_cast<size_t>(mb % slots_);
@@ -106,7 +111,9 @@ GroupDecision PipelineTrainer::Step() {
       if (first) {
         data_.Load(t, pipeline_, mb, x, last ? labels_.data() : nullptr);
       } else {
+        timeline::Span recv(timeline_, timeline::kCompute, "recv", mb);
         prev_->Recv(TensorKind::kActivation, t, mb, rows, in, x, deadline);
+        recv.End();
         if (last) data_.Load(t, pipeline_, mb, nullptr, labels_.data());
       }
       // The slot's output is about to be overwritten: the send of its previous micro-batch's
@@ -116,7 +123,9 @@ GroupDecision PipelineTrainer::Step() {
           .seed = options_.seed,
           .step = static_cast<uint64_t>(t),
           .first_row = (static_cast<uint64_t>(pipeline_) * options_.micro_batches + mb) * rows};
+      timeline::Span forward(timeline_, timeline::kCompute, "forward", mb);
       const float loss = stage_.Forward(mb, rows, key, last ? labels_.data() : nullptr);
+      forward.End();
       if (last) {
         if (!std::isfinite(loss)) {
           Throw(ErrorCode::kNumerical,
@@ -130,10 +139,13 @@ GroupDecision PipelineTrainer::Step() {
       }
     } else {
       if (!last) {
+        timeline::Span recv(timeline_, timeline::kCompute, "recv", mb);
         next_->Recv(TensorKind::kGradient, t, mb, rows, out, stage_.OutputGradBuffer(mb), deadline);
       }
       if (!first && grad_sends_[slot]) prev_->WaitSend(*grad_sends_[slot], deadline);
+      timeline::Span backward(timeline_, timeline::kCompute, "backward", mb);
       const int64_t used = stage_.Backward(mb, grads_);
+      backward.End();
       stash_lags_.push_back(stage_.version() - used);
       for (size_t i = 0; i < grads_.size(); ++i) {
         if (!std::isfinite(grads_[i])) {
@@ -146,6 +158,7 @@ GroupDecision PipelineTrainer::Step() {
       if (!first) {
         grad_sends_[slot] = prev_->Send(TensorKind::kGradient, t, mb, rows, in, stage_.InputGrad(mb));
       }
+      timeline::Span update(timeline_, timeline::kCompute, "update", mb);
       stage_.Update(optimizer_, grads_);
     }
   }
@@ -159,7 +172,9 @@ GroupDecision PipelineTrainer::Step() {
 
   const float loss = last ? static_cast<float>(loss_sum / options_.micro_batches)
                           : std::numeric_limits<float>::quiet_NaN();
+  timeline::Span wait_group(timeline_, timeline::kCompute, "wait_group");
   GroupDecision d = groups_.Next(steps_);
+  wait_group.End();
   std::vector<int> ranks;
   for (int p : d.members) {
     if (p < 0 || p >= layout_.pipelines) {
@@ -176,8 +191,10 @@ GroupDecision PipelineTrainer::Step() {
     collective::AllReduceOptions call;
     call.compress = t >= options_.compression_warmup_steps;
     call.exact_tail = 1;
+    timeline::Span average(timeline_, timeline::kComm, "average");
     comm_.AllReduce(buffer_, collective::ReduceOp::kAverage, ranks,
                     Deadline::After(options_.timeout_s), nullptr, call);
+    average.End();
     stage_.SetParams(std::span<const float>(buffer_).first(grads_.size()));
     losses_.push_back(last ? buffer_.back() : std::numeric_limits<float>::quiet_NaN());
     sync_wire_bytes_ += comm_.last_wire_stats().bytes_sent;

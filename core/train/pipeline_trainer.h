@@ -27,6 +27,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/base/timeline.h"
 #include "core/collective/group_allreduce.h"
 #include "core/data/dataset.h"
 #include "core/train/pipeline_p2p.h"
@@ -152,6 +153,10 @@ class PipelineTrainer {
   int64_t skipped() const { return skipped_; }
   uint64_t p2p_bytes_sent() const;
   uint64_t sync_wire_bytes() const { return sync_wire_bytes_; }
+  // --timeline: per micro-batch forward, backward, update and the receives they wait for, and
+  // the wait for the stage's group, on the compute track; the group averaging on the
+  // communication track. Null: none.
+  void set_timeline(timeline::Recorder* recorder) { timeline_ = recorder; }
 
  private:
   collective::GroupCommunicator& comm_;
@@ -178,6 +183,7 @@ class PipelineTrainer {
   int64_t syncs_ = 0;
   int64_t skipped_ = 0;
   uint64_t sync_wire_bytes_ = 0;
+  timeline::Recorder* timeline_ = nullptr;
 };
 
 }  // namespace pipesgd::train

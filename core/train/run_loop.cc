@@ -104,7 +104,9 @@ RunOutcome RunLoop(TrainingMode& mode, const RunPlan& plan, Reporter& reporter) 
 
   int64_t t = mode.steps();
   const int64_t first_step = t;  // a resumed run's ETA counts only its own steps
+  int64_t global_steps = t;      // the latest point's step: SDPIPE's t counts local steps
   double steady_from_s = 0;      // the running clock when the warm-up steps are done
+  bool steady = plan.warmup_steps == 0;
   bool at_target = false;
   bool last = false;
   if (t >= total) {
@@ -119,9 +121,13 @@ RunOutcome RunLoop(TrainingMode& mode, const RunPlan& plan, Reporter& reporter) 
       mode.AfterStep();
       PSGD_CHECK_EQ(mode.steps(), t + 1);
       t += 1;
-      if (t - first_step == plan.warmup_steps) steady_from_s = clock.running_s();
       const RunPoint p = mode.Point(plan);
       last = p.last;
+      global_steps = p.step;
+      if (!steady && global_steps - first_step >= plan.warmup_steps) {
+        steady = true;
+        steady_from_s = clock.running_s();
+      }
       const int epoch = plan.EpochOf(t);
       const int64_t epoch_first = static_cast<int64_t>(epoch - 1) * plan.steps_per_epoch;
       const int64_t epoch_total = std::min(epoch_first + plan.steps_per_epoch, total) - epoch_first;
@@ -153,7 +159,7 @@ RunOutcome RunLoop(TrainingMode& mode, const RunPlan& plan, Reporter& reporter) 
       }
     }
   }
-  out.steps = mode.steps();
+  out.steps = global_steps;
   out.train_s = clock.running_s();
   out.eval_s = clock.paused_s();
   if (out.steps - first_step > plan.warmup_steps) {

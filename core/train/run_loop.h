@@ -60,6 +60,8 @@ struct Evaluation {
 };
 
 struct RunOutcome {
+  // Global steps done: the last point's (SDPIPE: the scheduler's worker-updates / N, not the
+  // local steps of the reporting rank, which differ from rank to rank).
   int64_t steps = 0;
   int evaluations = 0;
   double final_test_accuracy = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/base/check.h"
 #include "core/base/error.h"
 
 namespace pipesgd::train {
@@ -47,6 +48,7 @@ GroupScheduler::GroupScheduler(const GroupSchedulerOptions& o) : options_(o) {
   window_s_ = o.window_init_s;
   is_ready_.assign(o.world_size, false);
   ResetUnion();
+  ArmBarrierIfDue();  // a first epoch (or job) of one step per rank is a barrier at once
 }
 
 void GroupScheduler::ResetUnion() {
@@ -124,6 +126,27 @@ int64_t GroupScheduler::EpochBoundary() const {
   return boundary;
 }
 
+int64_t GroupScheduler::NextBarrier() const {
+  int64_t boundary = EpochBoundary();
+  if (options_.eval_updates > 0) {
+    boundary = std::min(
+        boundary, (last_barrier_updates_ / options_.eval_updates + 1) * options_.eval_updates);
+  }
+  return boundary;
+}
+
+int64_t GroupScheduler::Quota() const {
+  const int64_t boundary = NextBarrier();
+  if (boundary == std::numeric_limits<int64_t>::max()) return boundary;
+  return std::max<int64_t>(0, boundary - options_.world_size - updates_);
+}
+
+void GroupScheduler::ArmBarrierIfDue() {
+  if (stopped_ || barrier_armed_ || Quota() > 0) return;
+  barrier_armed_ = true;
+  barrier_ends_epoch_ = NextBarrier() == EpochBoundary();
+}
+
 std::optional<GroupDecision> GroupScheduler::Decide(double now) {
   if (ready_.empty()) return std::nullopt;
   const int n = options_.world_size;
@@ -136,21 +159,32 @@ std::optional<GroupDecision> GroupScheduler::Decide(double now) {
   }
   if (!close) return std::nullopt;
 
+  // A round before a barrier takes only the first arrivals that fit the barrier's quota: every
+  // arrival is a local step already taken, so the ones past it wait and count as their barrier
+  // step. Otherwise the barrier, N more updates, would end past its boundary, and neither the
+  // epochs nor train.max_steps would hold (issue 45).
+  const size_t take = kind_ == RoundKind::kBarrier
+                          ? ready_.size()
+                          : static_cast<size_t>(std::min<int64_t>(
+                                static_cast<int64_t>(ready_.size()), Quota()));
+  PSGD_CHECK_GE(take, 1u);
+  const std::vector<int> group(ready_.begin(), ready_.begin() + static_cast<ptrdiff_t>(take));
+  ready_.erase(ready_.begin(), ready_.begin() + static_cast<ptrdiff_t>(take));
+
   GroupDecision d;
   d.round = rounds_++;
   d.kind = kind_;
-  d.members = ready_;
+  d.members = group;
   std::sort(d.members.begin(), d.members.end());
   d.decided_at = now;
-  for (size_t i = 1; i < ready_.size(); ++i) {
-    const int a = Find(parent_, ready_[0]), b = Find(parent_, ready_[i]);
+  for (size_t i = 1; i < group.size(); ++i) {
+    const int a = Find(parent_, group[0]), b = Find(parent_, group[i]);
     if (a != b) parent_[a] = b;
   }
-  const int64_t size = static_cast<int64_t>(ready_.size());
+  const int64_t size = static_cast<int64_t>(group.size());
   updates_ += size;
   updates_since_reset_ += size;
-  for (int r : ready_) is_ready_[r] = false;
-  ready_.clear();
+  for (int r : group) is_ready_[r] = false;
 
   if (kind_ == RoundKind::kNormal) {
     window_s_ = static_cast<int>(size) < options_.min_group
@@ -169,18 +203,13 @@ std::optional<GroupDecision> GroupScheduler::Decide(double now) {
     last_barrier_updates_ = updates_;
   } else {
     d.epoch = epoch_;
-    // The next multiple of epoch_updates (capped at the total) reached: the next round is the
-    // epoch barrier; the next multiple of eval_updates past the last barrier: an evaluation's.
-    constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-    const int64_t boundary = EpochBoundary();
-    const int64_t eval_boundary =
-        options_.eval_updates > 0
-            ? (last_barrier_updates_ / options_.eval_updates + 1) * options_.eval_updates
-            : kNever;
-    if (updates_ >= boundary || updates_ >= eval_boundary) {
-      barrier_armed_ = true;
-      barrier_ends_epoch_ = updates_ >= boundary;
-    }
+  }
+  // The next barrier is armed once the rounds before it have used its quota: the next multiple
+  // of epoch_updates (capped at the total), or of eval_updates past the last barrier, less N.
+  ArmBarrierIfDue();
+  if (!ready_.empty()) {
+    PSGD_CHECK(barrier_armed_);
+    kind_ = RoundKind::kBarrier;  // the arrivals left over open the barrier round
   }
   d.updates = updates_;
   return d;

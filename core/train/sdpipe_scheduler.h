@@ -22,13 +22,15 @@
 //              round from an empty union, i.e. everyone: plain AllReduce averaging.
 //              (The authors set the flag when a multiple of P*N is crossed and apply it to the next
 //              round; counting from (P-1)*N makes P = 1 exactly AllReduce from the first round.)
-//   kBarrier:  the epoch boundary: a full synchronization of all N ranks. Armed when the
-//              worker-updates counted since the start reach the next multiple of
-//              epoch_updates (= steps per epoch * N, like the authors' sync_every = E*N) or the
-//              job's total; the round then waits for all N. Its decision has epoch_end set, and
-//              stop set when the total is reached (the job ends there). With eval_updates, a
-//              barrier is also armed at each multiple of it (an evaluation point); every
-//              barrier's decision has evaluate set.
+//   kBarrier:  the epoch boundary: a full synchronization of all N ranks that ends exactly at
+//              the next multiple of epoch_updates (= steps per epoch * N, like the authors'
+//              sync_every = E*N) or at the job's total: armed when the worker-updates counted
+//              since the start reach that boundary less N, the barrier's own N updates. A round
+//              before it takes only the first arrivals that fit (the rest wait, and their steps
+//              are their barrier updates), so train.max_steps holds exactly. The round then
+//              waits for all N. Its decision has epoch_end set, and stop set when the total is
+//              reached (the job ends there). With eval_updates, a barrier also ends at each
+//              multiple of it (an evaluation point); every barrier's decision has evaluate set.
 // Every arrival is one worker-update (a local SGD step), whether its rank syncs or not.
 #pragma once
 
@@ -104,6 +106,12 @@ class GroupScheduler {
   void ResetUnion();
   // Worker-updates at which the current epoch ends (the job's total caps it).
   int64_t EpochBoundary() const;
+  // Worker-updates at which the next barrier ends: the epoch's boundary or the next evaluation
+  // point; int64 max when there is none.
+  int64_t NextBarrier() const;
+  // Worker-updates the rounds before the next barrier may still take (its N are kept back).
+  int64_t Quota() const;
+  void ArmBarrierIfDue();
 
   GroupSchedulerOptions options_;
   double window_s_;

@@ -199,6 +199,21 @@ struct GroupSchedulerService::Impl {
     } else if (req.step() <= conn->last_step) {
       bad = fmt::format("step {} after step {} (steps must advance)", req.step(), conn->last_step);
     }
+    if (bad.empty() && req.leaving()) {
+      // Not an arrival: the rank took no step. In a round it could be held for a barrier that
+      // waits for ranks that have left too.
+      conn->last_step = req.step();
+      conn->finished = true;
+      GroupDecision alone;
+      alone.members = {conn->rank};
+      alone.stop = true;
+      alone.updates = stages[req.stage()].updates();
+      sdpipe::GroupReply reply;
+      FillReply(alone, stages[req.stage()].window_s(), &reply);
+      Read(conn);
+      Send(conn, reply, false);
+      return;
+    }
     if (bad.empty()) {
       try {
         stages[req.stage()].Arrive(conn->rank, Now());
@@ -356,7 +371,7 @@ GroupSchedulerClient::GroupSchedulerClient(const std::string& host, uint16_t por
 GroupSchedulerClient::~GroupSchedulerClient() = default;
 
 GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline deadline,
-                                            bool last) {
+                                            bool last, bool leaving) {
   Impl& c = *impl_;
   if (c.failed) Throw(ErrorCode::kAborted, "rank {}: {}", c.rank, c.failure);
   sdpipe::GroupRequest request;
@@ -365,7 +380,8 @@ GroupDecision GroupSchedulerClient::Request(int stage, int64_t step, Deadline de
   request.set_world_size(c.world_size);
   request.set_stage(stage);
   request.set_step(step);
-  request.set_last(last);
+  request.set_last(last || leaving);
+  request.set_leaving(leaving);
   const double budget_s = deadline.remaining_s();
   sdpipe::GroupReply reply;
   std::exception_ptr write_error, read_error;

@@ -70,7 +70,10 @@ class GroupSchedulerClient {
   // kUnavailable if the scheduler went away, kDeadlineExceeded ("waited N s for the group").
   // `last`: this rank sends no more requests; closing after the answer does not fail the job
   // (a pipeline job's ranks end by step count rather than by the scheduler's stop round).
-  GroupDecision Request(int stage, int64_t step, Deadline deadline, bool last = false);
+  // `leaving` (with `last`): the rank stopped early and took no step `step`; the answer, at
+  // once and alone, only closes the connection as expected.
+  GroupDecision Request(int stage, int64_t step, Deadline deadline, bool last = false,
+                        bool leaving = false);
 
  private:
   struct Impl;

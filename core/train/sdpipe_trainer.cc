@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/base/error.h"
+#include "core/base/timeline.h"
 
 namespace pipesgd::train {
 
@@ -28,6 +29,10 @@ SdpipeTrainer::SdpipeTrainer(collective::GroupCommunicator& comm, Objective& obj
 
 GroupDecision SdpipeTrainer::Step() {
   const int64_t t = steps_;
+  if (timeline_) {
+    timeline_->SetStep(timeline::kCompute, t);
+    timeline_->SetStep(timeline::kComm, t);
+  }
   const float loss = objective_.ComputeGradient(t, params_, grads_);
   if (!std::isfinite(loss)) {
     Throw(ErrorCode::kNumerical,
@@ -43,10 +48,15 @@ GroupDecision SdpipeTrainer::Step() {
             comm_.rank(), t, grads_[i], i);
     }
   }
-  optimizer_.Apply(params_, grads_);
+  {
+    timeline::Span update(timeline_, timeline::kCompute, "update");
+    optimizer_.Apply(params_, grads_);
+  }
   steps_ = t + 1;
 
+  timeline::Span wait_group(timeline_, timeline::kCompute, "wait_group");
   GroupDecision d = groups_.Next(steps_);
+  wait_group.End();
   const int size = static_cast<int>(d.members.size());
   group_sizes_[size] += 1;
   if (size > 1) {
@@ -55,8 +65,10 @@ GroupDecision SdpipeTrainer::Step() {
     collective::AllReduceOptions call;
     call.compress = t >= options_.compression_warmup_steps;
     call.exact_tail = 1;
+    timeline::Span average(timeline_, timeline::kComm, "average");
     comm_.AllReduce(buffer_, collective::ReduceOp::kAverage, d.members,
                     Deadline::After(options_.timeout_s), nullptr, call);
+    average.End();
     std::copy(buffer_.begin(), buffer_.end() - 1, params_.begin());
     losses_.push_back(buffer_.back());
     wire_bytes_ += comm_.last_wire_stats().bytes_sent;

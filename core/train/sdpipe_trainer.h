@@ -19,6 +19,7 @@
 #include <span>
 #include <vector>
 
+#include "core/base/timeline.h"
 #include "core/collective/group_allreduce.h"
 #include "core/train/sdpipe_scheduler.h"
 #include "core/train/trainer.h"
@@ -63,6 +64,10 @@ class SdpipeTrainer {
   // Rounds by group size, as seen by this rank.
   const std::map<int, int64_t>& group_sizes() const { return group_sizes_; }
   uint64_t wire_bytes() const { return wire_bytes_; }
+  // --timeline: the update and the wait for the group on the compute track (the objective
+  // records its own forward and backward), the group averaging on the communication track,
+  // though the same thread runs it. Null: none.
+  void set_timeline(timeline::Recorder* recorder) { timeline_ = recorder; }
 
  private:
   collective::GroupCommunicator& comm_;
@@ -80,6 +85,7 @@ class SdpipeTrainer {
   int64_t skipped_ = 0;
   std::map<int, int64_t> group_sizes_;
   uint64_t wire_bytes_ = 0;
+  timeline::Recorder* timeline_ = nullptr;
 };
 
 }  // namespace pipesgd::train
