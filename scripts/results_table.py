@@ -27,6 +27,11 @@ import os
 import sys
 import textwrap
 
+# The time-to-accuracy reader is the report's own (bench/time_to_accuracy_report.py), so the
+# table and the per-run report can never compute a cell two ways.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from time_to_accuracy_report import first_reach, metrics_of  # noqa: E402
+
 TARGET = 0.85
 BEGIN = "<!-- results-table:tta begin -->"
 END = "<!-- results-table:tta end -->"
@@ -54,23 +59,6 @@ SCHEMES = {
     "ring_k2_psgd4": "width 2 + PowerSGD r4",
 }
 REQUIRED = ("ddp", "ring_k1", "ring_k2")
-
-
-def load(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def metrics_of(d, scheme):
-    if scheme.startswith("ddp"):
-        return load(os.path.join(d, f"{scheme}.metrics.jsonl"))
-    return load(os.path.join(d, scheme, "metrics.jsonl"))
-
-
-def first_reach(lines, target):
-    return next((l["wall_s"] for l in lines if l["test_accuracy"] >= target), None)
 
 
 def setup_of(d):
