@@ -26,12 +26,6 @@ collective::Communicator& Ring(const std::unique_ptr<Communicator::Impl>& impl) 
   return *impl->ring;
 }
 
-// The fill of the ranks that contribute nothing to a Broadcast or AllGather slot: x + (-0.0) is
-// x for every x, +0.0 and -0.0 included (IEEE 754 round to nearest), so the uncompressed sum
-// gives each contributor's bits back exactly, in any order of addition. A +0.0 fill would turn
-// a -0.0 into +0.0.
-constexpr float kNeutral = -0.0f;
-
 void Exact(collective::Communicator& ring, std::span<float> data, double timeout_s) {
   collective::AllReduceOptions call;
   call.compress = false;
@@ -70,13 +64,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, double timeout_
 }
 
 void Communicator::Broadcast(std::span<float> data, int root, double timeout_s) {
-  auto& ring = Ring(impl_);
-  if (root < 0 || root >= ring.world_size()) {
-    Throw(ErrorCode::kInvalidArgument, "rank {}: Broadcast root {}: expected 0 <= root < {}",
-          ring.rank(), root, ring.world_size());
-  }
-  if (ring.rank() != root) std::fill(data.begin(), data.end(), kNeutral);
-  Exact(ring, data, timeout_s);
+  Ring(impl_).Broadcast(std::as_writable_bytes(data), root, Deadline::After(timeout_s));
 }
 
 void Communicator::AllGather(std::span<const float> mine, std::span<float> all,
@@ -90,9 +78,7 @@ void Communicator::AllGather(std::span<const float> mine, std::span<float> all,
           "= {}",
           ring.rank(), n, all.size(), world, n, world * n);
   }
-  std::fill(all.begin(), all.end(), kNeutral);
-  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(ring.rank() * n));
-  Exact(ring, all, timeout_s);
+  ring.AllGather(std::as_bytes(mine), std::as_writable_bytes(all), Deadline::After(timeout_s));
 }
 
 void Communicator::Barrier(double timeout_s) {

@@ -185,6 +185,20 @@ void Communicator::Reserve(std::vector<T>& buffer, size_t size,
                                       transport::MemoryKind::kHost);
 }
 
+namespace {
+// "all-reduce (sum)", "broadcast", ... for a header's op and dtype bytes.
+std::string CollectiveName(uint8_t op, uint8_t dtype) {
+  if (dtype == static_cast<uint8_t>(DataType::kFloat32)) {
+    if (op == static_cast<uint8_t>(ReduceOp::kSum)) return "all-reduce (sum)";
+    if (op == static_cast<uint8_t>(ReduceOp::kAverage)) return "all-reduce (average)";
+  } else if (dtype == static_cast<uint8_t>(DataType::kBytes)) {
+    if (op == static_cast<uint8_t>(ByteCollective::kBroadcast)) return "broadcast";
+    if (op == static_cast<uint8_t>(ByteCollective::kAllGather)) return "all-gather";
+  }
+  return fmt::format("op {} dtype {}", op, dtype);
+}
+}  // namespace
+
 void CheckChunkHeader(const ChunkHeader& got, const ChunkHeader& want, int rank, int left) {
   if (got.magic != ChunkHeader::kMagic || got.version != ChunkHeader::kVersion) {
     Throw(ErrorCode::kDataLoss,
@@ -200,9 +214,9 @@ void CheckChunkHeader(const ChunkHeader& got, const ChunkHeader& want, int rank,
   };
   if (got.seq != want.seq) mismatch("collective sequence number", got.seq, want.seq);
   if (got.op != want.op || got.dtype != want.dtype) {
-    mismatch("op/dtype", fmt::format("{}/{}", got.op, got.dtype),
-             fmt::format("{}/{}", want.op, want.dtype));
+    mismatch("collective", CollectiveName(got.op, got.dtype), CollectiveName(want.op, want.dtype));
   }
+  if (got.root != want.root) mismatch("broadcast root", got.root, want.root);
   if (got.count != want.count) mismatch("count (elements)", got.count, want.count);
   if (got.chunk_index != want.chunk_index) {
     mismatch("chunk index", got.chunk_index, want.chunk_index);
@@ -219,10 +233,11 @@ void CheckChunkHeader(const ChunkHeader& got, const ChunkHeader& want, int rank,
 
 void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op,
                                uint64_t count, uint64_t chunk_index, CodecKind codec,
-                               uint64_t payload_bytes) const {
+                               uint64_t payload_bytes, DataType dtype, uint32_t root) const {
   ChunkHeader want;
   want.op = static_cast<uint8_t>(op);
-  want.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  want.dtype = static_cast<uint8_t>(dtype);
+  want.root = root;
   want.codec = static_cast<uint8_t>(codec);
   want.seq = seq;
   want.count = count;
@@ -233,10 +248,11 @@ void Communicator::CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op
 
 void Communicator::PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t count,
                              uint64_t index, CodecKind codec, const void* payload,
-                             uint64_t bytes) {
+                             uint64_t bytes, DataType dtype, uint32_t root) {
   slot.header = ChunkHeader{};
   slot.header.op = static_cast<uint8_t>(op);
-  slot.header.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  slot.header.dtype = static_cast<uint8_t>(dtype);
+  slot.header.root = root;
   slot.header.codec = static_cast<uint8_t>(codec);
   slot.header.seq = seq;
   slot.header.count = count;
@@ -350,6 +366,10 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
   stats_ = WireStats{};
   PSGD_CHECK_LE(call.exact_tail, data.size());
   if (world_size_ == 1) return;  // averaging over one rank is the identity
+  Guarded(seq, deadline, [&] { Run(data, op, deadline, abort, call, seq); });
+}
+
+void Communicator::Guarded(uint64_t seq, Deadline deadline, const std::function<void()>& body) {
   if (failed_) {
     Error error(ErrorCode::kAborted,
                 fmt::format("rank {}: collective #{}: this communicator failed earlier (rank {} "
@@ -359,7 +379,7 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
   }
   next_send_index_ = 0;
   try {
-    Run(data, op, deadline, abort, call, seq);
+    body();
   } catch (const Error& error) {
     NotifyAndClose(error, seq, deadline);
     // The rank the ring blames, for the job's failure relay (transport/failure_relay.h).

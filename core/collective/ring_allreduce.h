@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -36,7 +37,11 @@
 namespace pipesgd::collective {
 
 using ReduceOp = ::pipesgd::ReduceOp;  // pipesgd/types.h (public)
-enum class DataType : uint8_t { kFloat32 = 1 };
+// What a chunk's payload holds: float32 elements (the AllReduce) or bytes that are only moved
+// (Broadcast, AllGather: any element type, bitwise).
+enum class DataType : uint8_t { kFloat32 = 1, kBytes = 2 };
+// The header's op byte for the byte collectives (dtype kBytes), beside ReduceOp's values.
+enum class ByteCollective : uint8_t { kBroadcast = 16, kAllGather = 17 };
 
 // Elements [offset, offset + count).
 struct Range {
@@ -95,7 +100,7 @@ struct ChunkHeader {
   uint64_t chunk_index = 0;    // position in the sender's stream for this collective
   uint64_t payload_bytes = 0;  // bytes that follow this header
   uint32_t sender_rank = 0;
-  uint32_t reserved1 = 0;
+  uint32_t root = 0;  // a Broadcast's root (ring position); 0 for the other collectives
 };
 static_assert(sizeof(ChunkHeader) == 48);
 
@@ -108,8 +113,8 @@ static_assert(sizeof(ChunkHeader) == 48);
 uint64_t AutoChunkBytes(uint64_t count, int world_size);
 
 // Checks a received chunk header against the one `rank` expects from its left neighbour
-// `left` (magic, version, sequence, op, dtype, count, chunk index, codec, payload bytes; the
-// sender rank is not checked). Throws Error(kDataLoss) naming both ranks and both values.
+// `left` (magic, version, sequence, op, dtype, count, chunk index, codec, payload bytes, root;
+// the sender rank is not checked). Throws Error(kDataLoss) naming both ranks and both values.
 void CheckChunkHeader(const ChunkHeader& got, const ChunkHeader& want, int rank, int left);
 
 struct CommunicatorOptions {
@@ -242,6 +247,22 @@ class Communicator {
   void AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
                  const std::atomic<bool>* abort = nullptr, const AllReduceOptions& call = {});
 
+  // Root's `data` on every rank, bitwise, whatever the bytes hold: a chain from the root around
+  // the ring (root, root+1, ...), cut into chunks of options().chunk_bytes (1 MiB when auto) so
+  // each rank forwards chunk k while chunk k+1 arrives; each link carries the buffer once.
+  // `root` is a ring position (the rank, for a job ring). Every rank passes the same size and
+  // root (a disagreement fails with kDataLoss naming both ranks and both values). Errors,
+  // failure notices and sequence numbers as AllReduce.
+  void Broadcast(std::span<std::byte> data, int root, Deadline deadline,
+                 const std::atomic<bool>* abort = nullptr);
+  // Every rank's `mine` (the same size on every rank) side by side in `all`, ring position p's
+  // at [p * mine.size(), (p + 1) * mine.size()), bitwise: N-1 ring steps, each forwarding the
+  // block received in the step before (the all-gather half of AllReduce, without arithmetic).
+  // REQUIRES all.size() == world_size * mine.size() (else Error kInvalidArgument, before
+  // anything is sent). Errors as AllReduce.
+  void AllGather(std::span<const std::byte> mine, std::span<std::byte> all, Deadline deadline,
+                 const std::atomic<bool>* abort = nullptr);
+
   // Collectives completed or attempted so far (the next one's sequence number).
   uint64_t sequence() const { return seq_; }
   // What the last AllReduce sent.
@@ -268,11 +289,27 @@ class Communicator {
   };
 
   // Fills slot's header for chunk `index` of collective `seq` (count elements in all) and
-  // posts header + `bytes` of `payload` (encoded by `codec`) to the right neighbour.
+  // posts header + `bytes` of `payload` (encoded by `codec`) to the right neighbour. The byte
+  // collectives pass their ByteCollective as `op`, DataType::kBytes and a Broadcast's root.
   void PostChunk(SendSlot& slot, uint64_t seq, ReduceOp op, uint64_t count, uint64_t index,
-                 CodecKind codec, const void* payload, uint64_t bytes);
+                 CodecKind codec, const void* payload, uint64_t bytes,
+                 DataType dtype = DataType::kFloat32, uint32_t root = 0);
   void CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op, uint64_t count,
-                   uint64_t chunk_index, CodecKind codec, uint64_t payload_bytes) const;
+                   uint64_t chunk_index, CodecKind codec, uint64_t payload_bytes,
+                   DataType dtype = DataType::kFloat32, uint32_t root = 0) const;
+  // The common frame of every collective: the sequence number is taken, a communicator that
+  // failed earlier refuses by naming the first failure, and an error in `body` sends the abort
+  // notice, closes, and is rethrown with the rank the ring blames.
+  void Guarded(uint64_t seq, Deadline deadline, const std::function<void()>& body);
+  // The byte collectives' chunk size: options().chunk_bytes, or 1 MiB when auto.
+  uint64_t ByteChunk() const;
+  // Receives the header of chunk `index` of a byte collective (posted earlier into
+  // recv_headers_[index % 2]), checks it, posts the receive of its payload into `target` and
+  // the receive of the next header (when `more`), and waits for the payload.
+  void ReceiveBytes(uint64_t seq, ByteCollective kind, uint64_t count, uint64_t index,
+                    std::span<std::byte> target, uint32_t root, bool more, Deadline deadline,
+                    const std::atomic<bool>* abort);
+  void PostHeaderReceive(uint64_t index);
   void Run(std::span<float> data, ReduceOp op, Deadline deadline,
            const std::atomic<bool>* abort, const AllReduceOptions& call, uint64_t seq);
   // Waits for `o`, remembering which neighbour it depends on (for the abort notice).
