@@ -59,9 +59,8 @@ Error detail::WithTimeoutSetting(const Error& e, const std::string& timeout_sett
   return out.set_culprit(e.culprit());
 }
 
-ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, int streams,
-                                    const config::Comm& comm, const std::vector<int>& peers,
-                                    Deadline deadline, const std::string& timeout_setting) {
+ConnectedTransport CreateJobTransport(const JobEnv& env, int streams, const config::Comm& comm,
+                                      const std::vector<int>& peers) {
   transport::TransportOptions topt;
   topt.kind = ResolveTransport(comm, env.rank);
   topt.rank = env.rank;
@@ -112,18 +111,25 @@ ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, i
   topt.gid_index = comm.gid_index();
   topt.ib_ack_timeout = comm.ib_timeout();
   topt.ib_retry_count = comm.ib_retry_count();
-  auto transport = transport::CreateTransport(topt);
+  return {transport::CreateTransport(topt), {}, topt.bind_host, iface_address};
+}
+
+ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, int streams,
+                                    const config::Comm& comm, const std::vector<int>& peers,
+                                    Deadline deadline, const std::string& timeout_setting) {
+  ConnectedTransport made = CreateJobTransport(env, streams, comm, peers);
   // The resolved transport is part of the job: ranks whose `auto` resolved differently (one host
   // with RDMA, one without) are rejected at rendezvous by name.
   transport::RendezvousOptions rdv{env.master_addr, env.master_port, env.rank, env.world_size,
-                                   fmt::format("{}resolved transport: {}\n", job, kind_name),
+                                   fmt::format("{}resolved transport: {}\n", job,
+                                               made.transport->name()),
                                    env.job_token};
-  rdv.data_host = iface_address;
+  rdv.data_host = made.data_address;
   rdv.relay = env.relay.get();
   MaybeInjectFault(env.rank, "rendezvous");
   try {
-    auto addresses = transport::RendezvousAllGather(rdv, transport->LocalAddress(), deadline);
-    return {std::move(transport), std::move(addresses), topt.bind_host, iface_address};
+    made.addresses = transport::RendezvousAllGather(rdv, made.transport->LocalAddress(), deadline);
+    return made;
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDeadlineExceeded) throw;
     throw detail::WithTimeoutSetting(e, timeout_setting);

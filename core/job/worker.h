@@ -94,6 +94,12 @@ struct ConnectedTransport {
   // empty where the transport chooses (rdma, ucx without a filter).
   std::string data_address;
 };
+// ConnectTransport's first half, without the rendezvous (`addresses` stays empty): for callers
+// that exchange the addresses another way (the PyTorch backend, through torch's Store). Logs the
+// "rank R on HOST: transport ..." line. Throws what transport::CreateTransport throws, and
+// kInvalidArgument for an interface filter that admits no interface.
+ConnectedTransport CreateJobTransport(const JobEnv& env, int streams, const config::Comm& comm,
+                                      const std::vector<int>& peers);
 ConnectedTransport ConnectTransport(const JobEnv& env, const std::string& job, int streams,
                                     const config::Comm& comm, const std::vector<int>& peers,
                                     Deadline deadline, const std::string& timeout_setting);
