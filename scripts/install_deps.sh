@@ -31,6 +31,8 @@ PACKAGES=(
   slurmctld slurmd slurm-client munge
   # fuzzing (scripts/fuzz.sh): clang and its libFuzzer runtime
   clang libclang-rt-14-dev
+  # LLVM's linker: links the test executables in about half GNU ld's time (CMakeLists.txt)
+  lld
   # benchmarks: peer libraries measured side by side (bench/peers/), plots of the results
   libgloo-dev openmpi-bin libopenmpi-dev gnuplot-nox
 )

@@ -35,8 +35,10 @@ fresh_if_gcc() {  # a build directory configured by gcc before this script used 
 if [[ "$WHICH" == asan || "$WHICH" == all ]]; then
   if building; then
     fresh_if_gcc build-asan
+    # PIPESGD_FUZZ=ON: the fuzz targets too (scripts/fuzz.sh --build build-asan), on the same
+    # ASan+UBSan libraries, with libFuzzer's edge counters (CMakeLists.txt).
     cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${clang[@]}" \
-      -DPIPESGD_SANITIZE=address,undefined -DPIPESGD_BUILD_BENCH=OFF "${opt[@]}" >/dev/null
+      -DPIPESGD_SANITIZE=address,undefined -DPIPESGD_FUZZ=ON -DPIPESGD_BUILD_BENCH=OFF "${opt[@]}" >/dev/null
     cmake --build build-asan --parallel "$jobs"
   fi
   if testing; then
