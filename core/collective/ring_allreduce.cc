@@ -369,23 +369,20 @@ void Communicator::AllReduce(std::span<float> data, ReduceOp op, Deadline deadli
   Guarded(seq, deadline, [&] { Run(data, op, deadline, abort, call, seq); });
 }
 
-void Communicator::Guarded(uint64_t seq, Deadline deadline, const std::function<void()>& body) {
-  if (failed_) {
-    Error error(ErrorCode::kAborted,
-                fmt::format("rank {}: collective #{}: this communicator failed earlier (rank {} "
-                            "failed or is gone: {}); restart the job",
-                            rank_, seq, failure_origin_, failure_report_));
-    throw error.set_culprit(failure_origin_ == rank_ ? -1 : failure_origin_);
-  }
-  next_send_index_ = 0;
-  try {
-    body();
-  } catch (const Error& error) {
-    NotifyAndClose(error, seq, deadline);
-    // The rank the ring blames, for the job's failure relay (transport/failure_relay.h).
-    Error blamed = error;
-    throw blamed.set_culprit(failure_origin_ == rank_ ? -1 : failure_origin_);
-  }
+void Communicator::ThrowIfFailedEarlier(uint64_t seq) const {
+  if (!failed_) return;
+  Error error(ErrorCode::kAborted,
+              fmt::format("rank {}: collective #{}: this communicator failed earlier (rank {} "
+                          "failed or is gone: {}); restart the job",
+                          rank_, seq, failure_origin_, failure_report_));
+  throw error.set_culprit(failure_origin_ == rank_ ? -1 : failure_origin_);
+}
+
+Error Communicator::Blamed(const Error& error, uint64_t seq, Deadline deadline) {
+  NotifyAndClose(error, seq, deadline);
+  Error blamed = error;
+  blamed.set_culprit(failure_origin_ == rank_ ? -1 : failure_origin_);
+  return blamed;
 }
 
 void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,

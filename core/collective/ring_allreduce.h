@@ -20,7 +20,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -297,10 +296,23 @@ class Communicator {
   void CheckHeader(const ChunkHeader& got, uint64_t seq, ReduceOp op, uint64_t count,
                    uint64_t chunk_index, CodecKind codec, uint64_t payload_bytes,
                    DataType dtype = DataType::kFloat32, uint32_t root = 0) const;
-  // The common frame of every collective: the sequence number is taken, a communicator that
-  // failed earlier refuses by naming the first failure, and an error in `body` sends the abort
-  // notice, closes, and is rethrown with the rank the ring blames.
-  void Guarded(uint64_t seq, Deadline deadline, const std::function<void()>& body);
+  // The common frame of every collective: a communicator that failed earlier refuses by naming
+  // the first failure, and an error in `body` sends the abort notice, closes, and is rethrown
+  // with the rank the ring blames. A template, not a std::function: a capture of several
+  // references would be a heap allocation per collective (ring_alloc_test).
+  template <typename Body>
+  void Guarded(uint64_t seq, Deadline deadline, Body&& body) {
+    ThrowIfFailedEarlier(seq);
+    next_send_index_ = 0;
+    try {
+      body();
+    } catch (const Error& error) {
+      throw Blamed(error, seq, deadline);
+    }
+  }
+  void ThrowIfFailedEarlier(uint64_t seq) const;
+  // NotifyAndClose, then `error` with the rank the ring blames, for the job's failure relay.
+  Error Blamed(const Error& error, uint64_t seq, Deadline deadline);
   // The byte collectives' chunk size: options().chunk_bytes, or 1 MiB when auto.
   uint64_t ByteChunk() const;
   // Receives the header of chunk `index` of a byte collective (posted earlier into

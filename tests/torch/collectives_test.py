@@ -10,7 +10,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import run_ranks, values  # noqa: E402
+from harness import init_method, run_ranks, values  # noqa: E402
 
 SIZES = [0, 1, 7, 1000, (1 << 20) + 3]
 
@@ -18,7 +18,8 @@ SIZES = [0, 1, 7, 1000, (1 << 20) + 3]
 def _init(rank, world, options=None):
     import torch.distributed as dist
     import pipesgd.torch  # noqa: F401 (registers the backend)
-    dist.init_process_group("pipesgd", rank=rank, world_size=world, pg_options=options)
+    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world,
+                            pg_options=options)
     return dist
 
 
@@ -161,7 +162,8 @@ class Collectives(unittest.TestCase):
 
     def test_moves_are_bitwise(self):
         world = 4
-        got = values(run_ranks(moves, world), self)
+        # Through env:// (MASTER_ADDR, MASTER_PORT), as torchrun and pipesgd run start ranks.
+        got = values(run_ranks(moves, world, env_init=True), self)
         for rank, out in enumerate(got):
             for root in range(world):
                 self.assertEqual(out[f"broadcast {root}"], [0x7F800001, -1, root, root])

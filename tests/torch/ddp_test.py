@@ -11,7 +11,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import run_ranks, values  # noqa: E402
+from harness import init_method, run_ranks, values  # noqa: E402
 
 STEPS = 200
 
@@ -60,7 +60,7 @@ def ddp_lockstep(rank, world, steps):
     import torch.distributed as dist
     import pipesgd.torch  # noqa: F401
     from torch.nn.parallel import DistributedDataParallel as DDP
-    dist.init_process_group("pipesgd", rank=rank, world_size=world)
+    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
     a = DDP(_mlp(1), process_group=dist.group.WORLD)
     b = DDP(_mlp(1), process_group=gloo)
@@ -110,7 +110,7 @@ def _replicas_identical(ddp):
 def hooks(rank, world, steps):
     import torch.distributed as dist
     import pipesgd.torch as pt
-    dist.init_process_group("pipesgd", rank=rank, world_size=world)
+    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
     out = {}
     for codec, ef in (("none", False), ("trunc16", False), ("fp16", False), ("q8", True),
                       ("q4", True), ("sign1", True)):

@@ -10,7 +10,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import run_ranks, values  # noqa: E402
+from harness import init_method, run_ranks, values  # noqa: E402
 
 
 def killed_rank(rank, world, victim):
@@ -18,7 +18,7 @@ def killed_rank(rank, world, victim):
     import torch
     import torch.distributed as dist
     import pipesgd.torch  # noqa: F401
-    dist.init_process_group("pipesgd", rank=rank, world_size=world,
+    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     x = torch.ones(1 << 16)
     dist.all_reduce(x)
@@ -37,7 +37,7 @@ def bad_option(rank, world, options):
     import torch.distributed as dist
     import pipesgd.torch  # noqa: F401
     try:
-        dist.init_process_group("pipesgd", rank=rank, world_size=world,
+        dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world,
                                 pg_options=options(rank))
         return "connected"
     except ValueError as e:
@@ -49,7 +49,7 @@ def env_option(rank, world, value):
     import torch.distributed as dist
     import pipesgd.torch  # noqa: F401
     try:
-        dist.init_process_group("pipesgd", rank=rank, world_size=world)
+        dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
         return "connected"
     except ValueError as e:
         return str(e)
