@@ -9,8 +9,12 @@ if(NOT PIPESGD_TORCH MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "PIPESGD_TORCH=${PIPESGD_TORCH}: expected AUTO, ON or OFF")
 endif()
 set(PIPESGD_WITH_TORCH OFF)
+# AUTO looks for PyTorch only in a native build with the launcher: a cross build (arm64) or the
+# minimal one has no use for it, and pybind11's config stops the configure with a fatal error
+# when it cannot run a python (seen in the arm64 cross build).
 if(PIPESGD_TORCH STREQUAL "ON" OR
-   (PIPESGD_TORCH STREQUAL "AUTO" AND NOT PIPESGD_SANITIZE AND NOT PIPESGD_FUZZ))
+   (PIPESGD_TORCH STREQUAL "AUTO" AND NOT PIPESGD_SANITIZE AND NOT PIPESGD_FUZZ AND
+    NOT CMAKE_CROSSCOMPILING AND PIPESGD_BUILD_LAUNCHER))
   set(_torch_missing "")
   if(NOT PIPESGD_BUILD_LAUNCHER)
     list(APPEND _torch_missing "PIPESGD_BUILD_LAUNCHER=ON (the backend uses the job's comm settings)")
@@ -20,7 +24,11 @@ if(PIPESGD_TORCH STREQUAL "ON" OR
     set(Python3_EXECUTABLE /usr/bin/python3)
   endif()
   find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
-  find_package(pybind11 CONFIG QUIET)
+  if(Python3_FOUND)
+    # pybind11's own search for a python: the one found above, not another on PATH.
+    set(PYTHON_EXECUTABLE ${Python3_EXECUTABLE})
+    find_package(pybind11 CONFIG QUIET)
+  endif()
   find_path(PIPESGD_TORCH_INCLUDE torch/csrc/distributed/c10d/ProcessGroup.hpp)
   foreach(lib torch torch_cpu c10 torch_python)
     find_library(PIPESGD_TORCH_LIB_${lib} ${lib})
@@ -54,5 +62,6 @@ if(PIPESGD_TORCH STREQUAL "ON" OR
     message(STATUS "PyTorch backend: not built (missing ${_why})")
   endif()
 else()
-  message(STATUS "PyTorch backend: not built (PIPESGD_TORCH=${PIPESGD_TORCH}, or a sanitizer/fuzz build)")
+  message(STATUS "PyTorch backend: not built (PIPESGD_TORCH=${PIPESGD_TORCH}; a sanitizer, fuzz, "
+                 "cross or minimal build)")
 endif()
