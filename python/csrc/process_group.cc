@@ -465,6 +465,16 @@ ProcessGroupPipesgd::HookBucket& ProcessGroupPipesgd::Bucket(int64_t key) {
   return buckets_[key];
 }
 
+std::unique_ptr<collective::Communicator> ProcessGroupPipesgd::HookRing(CodecKind codec,
+                                                                        bool error_feedback) {
+  collective::CommunicatorOptions o = ring_options_;
+  o.codec.kind = codec;
+  o.error_feedback = error_feedback;
+  return collective::Communicator::CreateOnConnections(
+      ring_->shared_transport(), getRank(), getSize(), ring_->left_connections(),
+      ring_->right_connections(), o);
+}
+
 namespace {
 void CheckBucket(const at::Tensor& bucket, const char* what, int rank) {
   CheckTensor(bucket, what, rank);
@@ -493,12 +503,7 @@ c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::AllReduceCodec(at::Tensor buck
     HookBucket& b = Bucket(key);
     if (!b.ring || b.codec != codec || b.error_feedback != error_feedback || b.powersgd) {
       b = HookBucket{};
-      collective::CommunicatorOptions o = ring_options_;
-      o.codec.kind = *kind;
-      o.error_feedback = error_feedback;
-      b.ring = collective::Communicator::CreateOnConnections(
-          ring_->shared_transport(), getRank(), getSize(), ring_->left_connections(),
-          ring_->right_connections(), o);
+      b.ring = HookRing(*kind, error_feedback);
       b.codec = codec;
       b.error_feedback = error_feedback;
     }
@@ -546,12 +551,7 @@ c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::AllReducePowerSgd(
       // A new bucket, or DDP rebuilt its buckets: new factors and residuals, from the same
       // seed on every rank.
       b = HookBucket{};
-      collective::CommunicatorOptions o = ring_options_;
-      o.codec.kind = CodecKind::kNone;
-      o.error_feedback = false;
-      b.ring = collective::Communicator::CreateOnConnections(
-          ring_->shared_transport(), getRank(), getSize(), ring_->left_connections(),
-          ring_->right_connections(), o);
+      b.ring = HookRing(CodecKind::kNone, false);
       collective::PowerSgdOptions p;
       p.rank = rank;
       p.seed = static_cast<uint64_t>(key);

@@ -123,6 +123,8 @@ class ProcessGroupPipesgd final : public BackendBase {
     int powersgd_rank = 0;
   };
   HookBucket& Bucket(int64_t key);
+  // A ring of its own (its own residual and sequence numbers) on the group's connections.
+  std::unique_ptr<collective::Communicator> HookRing(CodecKind codec, bool error_feedback);
 
   BackendOptions options_;
   double collective_timeout_s_ = 1800;
