@@ -104,6 +104,20 @@ void CheckOne(const std::vector<at::Tensor>& tensors, const char* what, int rank
   CheckTensor(tensors[0], what, rank);
 }
 
+// Each tensor of a list collective's list has `like`'s size and dtype.
+void CheckEachLike(const std::vector<at::Tensor>& list, const at::Tensor& like, const char* what,
+                   const char* each, const char* other, int rank) {
+  for (const at::Tensor& t : list) {
+    if (t.numel() != like.numel() || t.scalar_type() != like.scalar_type()) {
+      Throw(ErrorCode::kInvalidArgument,
+            "rank {}: pipesgd backend {}: {} of {} {} elements for {} of {} {}: expected the "
+            "same size and dtype",
+            rank, what, each, t.numel(), c10::toString(t.scalar_type()), other, like.numel(),
+            c10::toString(like.scalar_type()));
+    }
+  }
+}
+
 std::span<std::byte> BytesOf(at::Tensor& t) {
   return {static_cast<std::byte*>(t.data_ptr()), t.nbytes()};
 }
@@ -378,15 +392,7 @@ c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::allgather(
           getRank(), getSize(), outputs.size(), outputs.empty() ? 0 : outputs[0].size());
   }
   const at::Tensor& in = inputs[0];
-  for (const at::Tensor& o : outputs[0]) {
-    if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type()) {
-      Throw(ErrorCode::kInvalidArgument,
-            "rank {}: pipesgd backend all_gather: an output of {} {} elements for an input of "
-            "{} {}: expected the input's size and dtype",
-            getRank(), o.numel(), c10::toString(o.scalar_type()), in.numel(),
-            c10::toString(in.scalar_type()));
-    }
-  }
+  CheckEachLike(outputs[0], in, "all_gather", "an output", "an input", getRank());
   std::vector<at::Tensor> outs = outputs[0];
   at::Tensor input = in;
   return Enqueue(OpType::ALLGATHER, outs, [this, input, outs](Deadline deadline) mutable {
@@ -433,15 +439,7 @@ c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::reduce_scatter(
   const at::Tensor& out = outputs[0];
   const Reduction op = ReductionOf(opts.reduceOp);
   CheckReduction(out, op, "reduce_scatter", getRank());
-  for (const at::Tensor& i : inputs[0]) {
-    if (i.numel() != out.numel() || i.scalar_type() != out.scalar_type()) {
-      Throw(ErrorCode::kInvalidArgument,
-            "rank {}: pipesgd backend reduce_scatter: an input of {} {} elements for an output "
-            "of {} {}: expected the output's size and dtype",
-            getRank(), i.numel(), c10::toString(i.scalar_type()), out.numel(),
-            c10::toString(out.scalar_type()));
-    }
-  }
+  CheckEachLike(inputs[0], out, "reduce_scatter", "an input", "an output", getRank());
   std::vector<at::Tensor> ins = inputs[0];
   at::Tensor output = out;
   return Enqueue(OpType::REDUCE_SCATTER, outputs, [this, ins, output, op](Deadline deadline) mutable {
