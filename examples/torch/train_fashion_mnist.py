@@ -193,6 +193,17 @@ def evaluate(model, x, y):
     return correct, len(x), loss
 
 
+def address_toward(master):
+    """This rank's address on the route toward the master (no packet is sent), or "" if none."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in master else socket.AF_INET,
+                           socket.SOCK_DGRAM) as s:
+            s.connect((master, 9))
+            return s.getsockname()[0]
+    except (OSError, ValueError):
+        return ""
+
+
 def counting(hook, count):
     # wire_stats() is the last hook call's: a step's bytes are known only with one bucket.
     def counted(state, bucket):  # DDP checks the parameter is named "bucket"
@@ -220,6 +231,10 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     b = args.batch
     steps_per_epoch = len(xtr) // (b * world)
+    # Where every rank runs, for summary.json (a launcher's placement is checked from it).
+    placement = [None] * world
+    dist.all_gather_object(placement, (socket.gethostname(),
+                                       address_toward(os.environ.get("MASTER_ADDR", ""))))
     if steps_per_epoch == 0:
         sys.exit(f"{PROG}: {len(xtr)} training samples (--train-limit {args.train_limit}) are "
                  f"fewer than one global batch of {b * world} (--batch {b} x {world} ranks)")
@@ -338,7 +353,6 @@ def main():
     if metrics:
         metrics.close()
         version = pt._torch.version() if pt is not None else "unknown"
-        hosts = [h for h in os.environ.get("PIPESGD_HOSTS", "").split(",") if h]
         summary = {
             "mode": "TORCH_DDP", "final_test_accuracy": acc, "final_test_loss": test_loss,
             "steps": step, "evaluations": evaluations, "world_size": world, "workers": world,
@@ -352,13 +366,14 @@ def main():
             "wire_bytes": wire_total if pipesgd_hook and wire_known_total else None,
             "version": version,
             "start_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
-            "host": socket.gethostname(), "hosts": hosts or [socket.gethostname()],
+            "host": socket.gethostname(), "hosts": [h for h, _ in placement],
             "launcher": launcher,
             "command_line": os.environ.get("PIPESGD_COMMAND_LINE")
             or shlex.join([sys.executable] + sys.argv),
             "details": {"torch": torch.__version__, "backend": args.backend,
                         "backend_describe": describe, "hook": args.hook, "gradients": codec,
                         "model": args.model, "parameters": params,
+                        "rank_addresses": [a for _, a in placement],
                         "buckets": count["buckets"] if pipesgd_hook else None},
             "config": {
                 "comm": {"compression": "fp16" if args.hook == "fp16" else args.compression,

@@ -17,6 +17,9 @@
 #   api      docs/examples/train_least_squares on lab0 and lab1, given only the master's
 #            HOST:PORT, its rank and the world size on the command line (ConnectOptions set by
 #            hand, bind_host left at its default): both ranks converge, with the same weights.
+#   torch_srun, torch_mpirun  the PyTorch example on the pipesgd backend under srun / mpirun
+#            across the four nodes (registered with the torch tier; PIPESGD_PYTHONPATH is the
+#            build's python/): bits equal the same script under a local `pipesgd run -np 4 --`.
 #
 # Nothing is left behind: daemons are stopped by their PIDs, every process in the lab's
 # namespaces is ended, the lab is taken down.
@@ -99,10 +102,10 @@ on_their_nodes() {
   done
 }
 
-mode_slurm() {
+# Slurm for real across the lab: munged, slurmctld on lab0, a slurmd per node; SLURM_CONF set.
+slurm_up() {
   need slurmctld "Debian slurmctld"; need slurmd "Debian slurmd"; need srun "Debian slurm-client"
   need munged "Debian munge"
-  reference
   local d="$tmp/slurm" i
   mkdir -p "$d/state" "$d/spool" && chmod 700 "$d"
   { cat /etc/hosts; for i in 0 1 2 3; do echo "$(addr "$i") lab$i"; done; } > "$d/hosts"
@@ -150,7 +153,11 @@ CONF
     sleep 0.5
   done
   echo "ok: Slurm up: slurmctld on lab0, slurmd on lab0..lab3, 4 nodes idle"
+}
 
+mode_slurm() {
+  reference
+  slurm_up
   # srun passes this environment to every task; pipesgd run would set these two itself.
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
     on_node 0 timeout 120 srun -N4 -n4 --kill-on-bad-exit=1 "$PIPESGD" worker "$CONFIG" \
@@ -168,19 +175,24 @@ CONF
   same_bits "$tmp/sbatch" "sbatch docs/examples/pipesgd.sbatch"
 }
 
-mode_mpirun() {
+# lab_mpirun OUTPUT ARGS...: Open MPI's mpirun from lab0, one rank per node, ARGS after its own.
+lab_mpirun() {
+  local out="$1"; shift
   need mpirun "Debian openmpi-bin"
-  reference
-  local hosts; hosts="$(addr 0),$(addr 1),$(addr 2),$(addr 3)"
   # As with ssh, mpirun starts remote ranks with a fresh environment: -x what must match.
   # Every orted started by mpirun itself and reporting to it directly: one run in the first
   # eight here failed in ORTE's routing tree ("set the MCA param routed=direct").
-  "$LAB" exec 0 env LAB_PREFIX="$LAB_PREFIX" LAB_SUBNET="$LAB_SUBNET" timeout 120 \
-    mpirun --allow-run-as-root -np 4 --host "$hosts" \
+  "$LAB" exec 0 env LAB_PREFIX="$LAB_PREFIX" LAB_SUBNET="$LAB_SUBNET" timeout 180 \
+    mpirun --allow-run-as-root -np 4 --host "$(addr 0),$(addr 1),$(addr 2),$(addr 3)" \
       --mca plm_rsh_agent "$SRC/bench/peers/netns_rsh" --mca plm_rsh_no_tree_spawn 1 \
-      --mca routed direct -x OPENBLAS_NUM_THREADS=1 \
-      -x OMP_NUM_THREADS=1 "$PIPESGD" worker "$CONFIG" "${SHORT[@]}" --out "$tmp/mpirun" \
-    > "$tmp/mpirun.out" 2>&1 || { show "$tmp/mpirun.out"; fail "mpirun"; }
+      --mca routed direct -x OPENBLAS_NUM_THREADS=1 -x OMP_NUM_THREADS=1 "$@" \
+    > "$out" 2>&1 || { show "$out"; fail "mpirun -np 4 from lab0 ($*)"; }
+}
+
+mode_mpirun() {
+  need mpirun "Debian openmpi-bin"
+  reference
+  lab_mpirun "$tmp/mpirun.out" "$PIPESGD" worker "$CONFIG" "${SHORT[@]}" --out "$tmp/mpirun"
   grep -q "rank 0 of 4 from Open MPI's environment; rendezvous $(addr 0):" \
     "$tmp/mpirun.out" || { show "$tmp/mpirun.out"; fail "mpirun: rank 0 did not listen at mpirun's host"; }
   on_their_nodes "$tmp/mpirun.out" mpirun
@@ -216,12 +228,65 @@ mode_api() {
   echo "ok: train_least_squares on lab0 and lab1 (rendezvous $master by hand): $w0 on both"
 }
 
+# The PyTorch example (examples/torch/train_fashion_mnist.py) on pipesgd's torch.distributed
+# backend, with pipesgd's q8 hook, started by a launcher of the lab: its final test loss and
+# accuracy equal those of the same script under a local `pipesgd run -np 4 --`, to the bit, and
+# every rank ran on its own node (the addresses the example records in summary.json).
+TORCH_EXAMPLE="$SRC/examples/torch/train_fashion_mnist.py"
+TORCH_ARGS=(--model mlp --train-limit 5120 --test-limit 1000 --epochs 1 --backend pipesgd
+            --compression q8 --error-feedback)
+torch_reference() {
+  [[ -n "${PIPESGD_PYTHONPATH:-}" ]] || fail "PIPESGD_PYTHONPATH (the build's python/) is unset"
+  export PYTHONPATH="$PIPESGD_PYTHONPATH"
+  /usr/bin/python3 -c "import pipesgd.torch" || fail "import pipesgd.torch from $PYTHONPATH"
+  OMP_NUM_THREADS=1 "$PIPESGD" run -np 4 -- /usr/bin/python3 "$TORCH_EXAMPLE" "${TORCH_ARGS[@]}" \
+    --out "$tmp/torch_local" > "$tmp/torch_local.out" 2>&1 \
+    || { show "$tmp/torch_local.out"; fail "local pipesgd run -np 4 -- the torch example"; }
+}
+torch_same_bits() {  # DIR WHAT
+  python3 - "$tmp/torch_local/summary.json" "$1/summary.json" "$2" "$(addr 0)" "$(addr 1)" \
+    "$(addr 2)" "$(addr 3)" << 'PY' || exit 1
+import json, sys
+want, got = (json.load(open(p)) for p in sys.argv[1:3])
+keys = ("final_test_loss", "final_test_accuracy", "steps")
+if any(want[k] != got[k] for k in keys):
+    print("FAIL: %s: %s, local -np 4: %s" % (sys.argv[3], [got[k] for k in keys], [want[k] for k in keys]))
+    sys.exit(1)
+if got["details"]["rank_addresses"] != sys.argv[4:8]:
+    print("FAIL: %s: ranks at %s, expected one per node: %s" % (sys.argv[3], got["details"]["rank_addresses"], sys.argv[4:8]))
+    sys.exit(1)
+print("ok: %s: final test loss %r, accuracy %r after %d steps = local -np 4, to the bit; ranks at %s"
+      % (sys.argv[3], got["final_test_loss"], got["final_test_accuracy"], got["steps"],
+         ", ".join(got["details"]["rank_addresses"])))
+PY
+}
+
+mode_torch_srun() {
+  torch_reference
+  slurm_up
+  # srun passes this environment (PYTHONPATH included) to every task.
+  OMP_NUM_THREADS=1 on_node 0 timeout 180 srun -N4 -n4 --kill-on-bad-exit=1 /usr/bin/python3 \
+    "$TORCH_EXAMPLE" "${TORCH_ARGS[@]}" --out "$tmp/torch_srun" > "$tmp/torch_srun.out" 2>&1 \
+    || { show "$tmp/torch_srun.out"; fail "srun the torch example"; }
+  torch_same_bits "$tmp/torch_srun" "srun -N4 -n4 python3 train_fashion_mnist.py"
+}
+
+mode_torch_mpirun() {
+  need mpirun "Debian openmpi-bin"
+  torch_reference
+  lab_mpirun "$tmp/torch_mpirun.out" -x PYTHONPATH /usr/bin/python3 "$TORCH_EXAMPLE" \
+    "${TORCH_ARGS[@]}" --out "$tmp/torch_mpirun"
+  torch_same_bits "$tmp/torch_mpirun" "mpirun -np 4 --host (4 nodes) python3 train_fashion_mnist.py"
+}
+
 case "$MODE" in
   slurm) mode_slurm ;;
   mpirun) mode_mpirun ;;
+  torch_srun) mode_torch_srun ;;
+  torch_mpirun) mode_torch_mpirun ;;
   program) mode_program ;;
   api) mode_api ;;
-  *) fail "unknown mode '$MODE' (slurm, mpirun, program, api)" ;;
+  *) fail "unknown mode '$MODE' (slurm, mpirun, program, api, torch_srun, torch_mpirun)" ;;
 esac
 
 for f in "${daemon_pidfiles[@]}"; do [[ -f "$f" ]] && kill "$(cat "$f")" 2> /dev/null; done

@@ -1,0 +1,165 @@
+#!/usr/bin/python3
+"""Report of bench/torch_lab.sh: markdown tables and a gnuplot PNG per model and rate.
+
+  python3 bench/torch_lab_report.py RESULTS OUT_PREFIX
+
+RESULTS holds MODEL/RATE[-seedS]/ directories as the lab script leaves them; writes OUT_PREFIX.md
+and OUT_PREFIX_MODEL_RATE.png; OUT_PREFIX_notes.md, when it exists, is the hand-written reading
+placed after the title. Every number comes from the example's own outputs: summary.json's
+steady_step_s (training time per step after the first 10, evaluations left out) and the
+metrics lines (wall_s of the first evaluation at or above a target; the last evaluation's
+accuracy; wire_bytes_per_step where a pipesgd hook counted it).
+"""
+import json
+import os
+import subprocess
+import sys
+
+TARGETS = (0.85, 0.87)
+MODELS = ("mlp", "cnn", "resnet")
+RATES = ("100mbit", "1gbit", "none")
+LABELS = {
+    "ddp": "DDP, gloo",
+    "ddp_fp16": "DDP, gloo + PyTorch's fp16 hook",
+    "ddp_psgd4": "DDP, gloo + PyTorch's PowerSGD r4",
+    "pg": "DDP, pipesgd backend",
+    "pg_q8": "DDP, pipesgd + q8 EF hook",
+    "pg_q4": "DDP, pipesgd + q4 EF hook",
+    "pg_psgd4": "DDP, pipesgd + pipesgd's PowerSGD r4",
+}
+STYLE = {"ddp": "lc rgb '#000000' dt 2", "ddp_fp16": "lc rgb '#777777' dt 2",
+         "ddp_psgd4": "lc rgb '#a6761d' dt 2", "pg": "lc rgb '#1f78b4' dt 1",
+         "pg_q8": "lc rgb '#b2df8a' dt 1", "pg_q4": "lc rgb '#ff7f00' dt 1",
+         "pg_psgd4": "lc rgb '#01665e' dt 1"}
+DDP = ("ddp", "ddp_fp16", "ddp_psgd4")
+
+
+def run_of(d, scheme):
+    """The scheme's metrics lines and summary in directory d, or None if it did not run."""
+    m, s = os.path.join(d, scheme, "metrics.jsonl"), os.path.join(d, scheme, "summary.json")
+    if not (os.path.exists(m) and os.path.exists(s)):
+        return None
+    lines = [json.loads(x) for x in open(m) if x.strip()]
+    summary = json.load(open(s))
+    reach = {t: next((x["wall_s"] for x in lines if x["test_accuracy"] >= t), None) for t in TARGETS}
+    wire = [x["wire_bytes_per_step"] for x in lines if x.get("wire_bytes_per_step")]
+    return {"step_ms": summary["steady_step_s"] * 1e3, "final": summary["final_test_accuracy"],
+            "reach": reach, "wire": sum(wire) / len(wire) if wire else None,
+            "curve": [(x["wall_s"], x["test_accuracy"]) for x in lines]}
+
+
+def fmt(x, spec=".1f", none="not reached"):
+    return none if x is None else format(x, spec)
+
+
+def seed_dirs(results, model, rate):
+    base = os.path.join(results, model)
+    dirs = {}
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        if name == rate:
+            dirs[1] = os.path.join(base, name)
+        elif name.startswith(rate + "-seed"):
+            dirs[int(name[len(rate) + 5:])] = os.path.join(base, name)
+    return dict(sorted(dirs.items()))
+
+
+def seed1_table(d, model, rate, prefix):
+    runs = {s: r for s in LABELS if (r := run_of(d, s))}
+    if not runs:
+        return []
+    setup = open(os.path.join(d, "setup.txt")).read().strip().replace("\n", "; ")
+    ddp = runs.get("ddp")
+    best85 = min((runs[s]["reach"][0.85] for s in DDP if s in runs and runs[s]["reach"][0.85]),
+                 default=None)
+    md = [f"### {model.upper()}, links {rate}, seed 1", "", f"`{setup}`", "",
+          "| scheme | ms per step | step time / gloo's | time to 0.85 (s) | x best DDP | "
+          "time to 0.87 (s) | final accuracy | points from DDP | wire MB per step |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s, r in runs.items():
+        t85 = r["reach"][0.85]
+        md.append(
+            f"| {LABELS[s]} | {r['step_ms']:.1f} | "
+            f"{fmt(r['step_ms'] / ddp['step_ms'] if ddp else None, '.3f', 'n/a')} | {fmt(t85)} | "
+            f"{fmt(best85 / t85 if best85 and t85 else None, '.2f', 'n/a')} | "
+            f"{fmt(r['reach'][0.87])} | {r['final']:.4f} | "
+            f"{fmt(100 * (r['final'] - ddp['final']) if ddp else None, '+.2f', 'n/a')} | "
+            f"{fmt(r['wire'] / 1e6 if r['wire'] else None, '.3f', '')} |")
+    png = f"{prefix}_{model}_{rate}.png"
+    plot(png, model, rate, runs)
+    return md + ["", f"![test accuracy against training time, {model}, {rate}]"
+                     f"({os.path.basename(png)})", ""]
+
+
+def seeds_table(dirs, model, rate):
+    per = {}
+    for seed, d in dirs.items():
+        for s in LABELS:
+            if (r := run_of(d, s)):
+                per.setdefault(s, {})[seed] = r
+    if "ddp" not in per or len(per["ddp"]) < 2:
+        return []
+    mean = lambda xs: sum(xs) / len(xs)
+    ddp_final = mean([r["final"] for r in per["ddp"].values()])
+    ddp_step = mean([r["step_ms"] for r in per["ddp"].values()])
+    md = [f"### {model.upper()}, links {rate}, over seeds {', '.join(map(str, dirs))}", "",
+          "Each seed changes the initialisation and the shuffles, the same in every scheme. "
+          "\"points from DDP\" compares the means; the spread is the largest minus the smallest "
+          "final accuracy over the seeds.", "",
+          "| scheme | seeds | final accuracy per seed | mean | spread (points) | points from DDP "
+          "(means) | mean ms per step | step time / gloo's (means) |",
+          "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for s, v in per.items():
+        finals = [v[k]["final"] for k in sorted(v)]
+        step = mean([r["step_ms"] for r in v.values()])
+        md.append(f"| {LABELS[s]} | {len(v)} | {' / '.join(f'{x:.4f}' for x in finals)} | "
+                  f"{mean(finals):.4f} | {100 * (max(finals) - min(finals)):.2f} | "
+                  f"{100 * (mean(finals) - ddp_final):+.2f} | {step:.1f} | {step / ddp_step:.3f} |")
+    return md + [""]
+
+
+def plot(png, model, rate, runs):
+    dat = png[:-4] + ".dat"
+    with open(dat, "w") as f:
+        for r in runs.values():
+            f.write("\n".join(f"{w:.3f} {a:.4f}" for w, a in r["curve"]) + "\n\n\n")
+    plots = ", ".join(f"'{dat}' index {i} with linespoints lw 2 pt 7 ps 0.4 {STYLE[s]} "
+                      f"title \"{LABELS[s]}\"" for i, s in enumerate(runs))
+    script = (f"set terminal pngcairo size 960,600\nset output '{png}'\n"
+              f"set title 'PyTorch {model.upper()} on Fashion-MNIST, 4 nodes at 0.5 CPU, links {rate}'\n"
+              "set xlabel 'training time (s, evaluations left out; log scale)'\n"
+              "set ylabel 'test accuracy'\nset logscale x\nset yrange [0.7:0.9]\n"
+              "set key bottom right\nset grid\n"
+              "set arrow from graph 0, first 0.85 to graph 1, first 0.85 nohead dt 2\n"
+              f"plot {plots}\n")
+    try:
+        subprocess.run(["gnuplot"], input=script.encode(), check=True)
+    finally:
+        os.remove(dat)
+
+
+def main():
+    results, prefix = sys.argv[1], sys.argv[2]
+    md = ["# PyTorch DDP on the pipesgd backend against DDP over gloo", "",
+          f"Produced by `bench/torch_lab.sh run MODEL RATE` (with `SEED=S` for seeds other than 1) "
+          f"and `bench/torch_lab.sh report`; raw outputs in `{results}/`. Every scheme is the "
+          "same script, `examples/torch/train_fashion_mnist.py`, on an emulated lab of 4 "
+          "namespace nodes at half a CPU each, links shaped both ways with tbf; full "
+          "Fashion-MNIST, batch 64 per worker, lr 0.05, momentum 0.9; the test set every 50 "
+          "global steps. Times are training seconds with the evaluations left out. \"x best "
+          "DDP\" is the soonest of the three gloo schemes' time to 0.85 divided by the scheme's.",
+          ""]
+    notes = prefix + "_notes.md"
+    if os.path.exists(notes):
+        md += open(notes).read().rstrip().split("\n") + [""]
+    for model in MODELS:
+        for rate in RATES:
+            dirs = seed_dirs(results, model, rate)
+            if 1 in dirs:
+                md += seed1_table(dirs[1], model, rate, prefix)
+            md += seeds_table(dirs, model, rate)
+    open(prefix + ".md", "w").write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
