@@ -22,6 +22,7 @@
 #include "core/base/log.h"
 #include "core/job/config.h"
 #include "core/job/worker.h"
+#include "transport/failure_relay.h"
 
 namespace pipesgd::launcher {
 namespace {
@@ -197,17 +198,6 @@ bool IsRootCause(int status, bool remote) {
   if (!remote || !WIFEXITED(status)) return false;
   const int code = WEXITSTATUS(status);
   return code == 255 || RemoteSignalStatus(code);
-}
-
-// The rank a worker's last "the job failed because of rank V" line names, or -1.
-int BlamedRank(const std::string& err_tail) {
-  static const std::string kPhrase = "the job failed because of rank ";
-  const size_t at = err_tail.rfind(kPhrase);
-  if (at == std::string::npos) return -1;
-  const char* p = err_tail.c_str() + at + kPhrase.size();
-  char* end = nullptr;
-  const long v = std::strtol(p, &end, 10);
-  return end != p && *end == ':' ? static_cast<int>(v) : -1;
 }
 
 }  // namespace
@@ -469,7 +459,7 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
     // failure relay makes them agree) is the failure, even if it never exited on its own (a
     // stopped or hung rank the launcher had to stop).
     if (ExitCodeOf(chosen.status) == job::kExitBecauseOfAnotherRank) {
-      const int blamed = BlamedRank(r.err_tail);
+      const int blamed = transport::FailureRelay::BlamedRankIn(r.err_tail);
       const auto it = std::find_if(ranks.begin(), ranks.end(),
                                    [&](const Rank& x) { return x.command.rank == blamed; });
       if (it != ranks.end()) {

@@ -202,3 +202,28 @@ TEST(FailureRelay, AFailureBeforeJoiningFailsTheRendezvousAtOnce) {
 
 }  // namespace
 }  // namespace pipesgd
+
+// Issue 48: the supervisor parsed a sentence that failure_relay.cc wrote separately; now one
+// pair of functions writes and reads it. The rank an explained error names is the one read back,
+// whatever the reason quotes, and a text without a whole verdict names none.
+TEST(FailureRelay, TheVerdictAnErrorNamesIsTheOneTheLauncherReads) {
+  const pipesgd::Error own(pipesgd::ErrorCode::kUnavailable, "receive from rank 1 failed");
+  for (const int failed : {0, 1, 7, 1023}) {
+    const pipesgd::Error same = pipesgd::transport::FailureRelay::Explain(
+        own, 5, {failed, "receive from rank 1 failed"});
+    const pipesgd::Error other = pipesgd::transport::FailureRelay::Explain(
+        own, 5, {failed, "rank 9: the job failed because of rank 9 once: not a verdict"});
+    EXPECT_EQ(pipesgd::transport::FailureRelay::BlamedRankIn(same.what()), failed) << same.what();
+    EXPECT_EQ(pipesgd::transport::FailureRelay::BlamedRankIn(
+                  std::string("[rank 5] log line\nerror: ") + other.what() + "\n"),
+              failed)
+        << "a reason that quotes the words: " << other.what();
+    EXPECT_EQ(same.culprit(), failed);
+  }
+  EXPECT_EQ(pipesgd::transport::FailureRelay::BlamedRankIn("no verdict here"), -1);
+  EXPECT_EQ(pipesgd::transport::FailureRelay::BlamedRankIn("the job failed because of rank :"), -1);
+  EXPECT_EQ(pipesgd::transport::FailureRelay::BlamedRankIn("the job failed because of rank 3"), -1);
+  EXPECT_EQ(pipesgd::transport::FailureRelay::BlamedRankIn(
+                "x: the job failed because of rank 2: y\nz: the job failed because of rank 4: w"),
+            4);
+}

@@ -342,15 +342,37 @@ std::optional<FailureRelay::Verdict> FailureRelay::verdict() const {
   return impl_->verdict;
 }
 
+namespace {
+constexpr std::string_view kBecauseOf = "the job failed because of rank ";
+}  // namespace
+
+std::string FailureRelay::BecauseOf(int failed_rank) {
+  return fmt::format("{}{}: ", kBecauseOf, failed_rank);
+}
+
+int FailureRelay::BlamedRankIn(std::string_view text) {
+  // The last line that has the words; in it, their first place (a relayed reason may quote
+  // them again).
+  size_t at = text.rfind(kBecauseOf);
+  if (at == std::string_view::npos) return -1;
+  const size_t line = text.rfind('\n', at);
+  at = text.find(kBecauseOf, line == std::string_view::npos ? 0 : line + 1);
+  int rank = 0;
+  size_t i = at + kBecauseOf.size();
+  const size_t digits = i;
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9' && rank < 1000000) {
+    rank = rank * 10 + (text[i++] - '0');
+  }
+  return i > digits && i < text.size() && text[i] == ':' ? rank : -1;
+}
+
 Error FailureRelay::Explain(const Error& error, int rank, const Verdict& verdict) {
   if (verdict.rank == rank || verdict.rank < 0) return error;
   const std::string text =
       verdict.reason == error.what()
-          ? fmt::format("rank {}: the job failed because of rank {}: {}", rank, verdict.rank,
-                        error.what())
-          : fmt::format("rank {}: the job failed because of rank {}: {} (this rank's own "
-                        "error: {})",
-                        rank, verdict.rank, verdict.reason, error.what());
+          ? fmt::format("rank {}: {}{}", rank, BecauseOf(verdict.rank), error.what())
+          : fmt::format("rank {}: {}{} (this rank's own error: {})", rank,
+                        BecauseOf(verdict.rank), verdict.reason, error.what());
   Error explained(error.code(), text);
   return explained.set_culprit(verdict.rank);
 }

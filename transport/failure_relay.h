@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -73,6 +74,12 @@ class FailureRelay {
   // verdict blames this rank, else "rank R: the job failed because of rank V: <reason> (this
   // rank's own error: ...)" (same code, culprit = V).
   static Error Explain(const Error& error, int rank, const Verdict& verdict);
+
+  // The words Explain names the failed rank with ("the job failed because of rank V: "), and
+  // the rank the last of them in `text` names (-1: none): `pipesgd run` reads a failed rank's
+  // verdict from its stderr with the same format that wrote it.
+  static std::string BecauseOf(int failed_rank);
+  static int BlamedRankIn(std::string_view text);
 
  private:
   struct Impl;
