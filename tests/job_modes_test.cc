@@ -145,7 +145,7 @@ TEST(JobModes, CudaIsRefusedBeforeAnyRankStartsWhereItCannotRun) {
       {"PS_SYNC", kConfig, {"train.mode=PS_SYNC"}, "train.mode = PS_SYNC"},
       {"PS_ASYNC", kConfig, {"train.mode=PS_ASYNC"}, "train.mode = PS_ASYNC"},
       {"SDPIPE", kConfig, {"train.mode=SDPIPE"}, "train.mode = SDPIPE"},
-      {"pipeline", kPipelineConfig, {"sdpipe.min_group=1"}, "pipeline.stages = 2"},
+      {"pipeline", kPipelineConfig, {"sdpipe.min_group=1"}, "pipeline stages (train.mode = SDPIPE"},
   };
   if (!gpu_here) cases.push_back({"RING", kConfig, {}, "model.device = CUDA"});
   for (const Case& c : cases) {

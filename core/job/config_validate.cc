@@ -17,6 +17,7 @@
 #include "core/base/check.h"
 #include "core/base/error.h"
 #include "core/job/config_detail.h"
+#include "core/job/mode_info.h"
 #include "layers/layer.h"
 #include "transport/ifname.h"
 
@@ -179,7 +180,7 @@ class Validator {
     CheckCompensation(job);
     CheckPowerSgd(job);
     CheckAutoWidth(job);
-    CheckDeviceForMode(job);
+    CheckModeSupports(job);
     if (!errors_.empty()) {
       Throw(ErrorCode::kInvalidArgument, "{}", fmt::join(errors_, "\n"));
     }
@@ -475,21 +476,51 @@ class Validator {
     }
   }
 
-  // Only the RING trainer has a GPU path (core/cuda): the other modes built their models on the
-  // CPU whatever model.device said and trained there without a word (issue 45).
-  void CheckDeviceForMode(const config::Job& job) {
-    if (job.model().device() != config::Model::CUDA) return;
-    const bool stages = job.pipeline().stages() > 1;
-    if (job.train().mode() == config::RING && !stages) return;
-    std::vector<Step> steps{{Field<config::Job>(config::Job::kModelFieldNumber), -1},
-                            {Field<config::Model>(config::Model::kDeviceFieldNumber), -1}};
-    const std::string mode =
-        stages ? fmt::format("train.mode = {} with pipeline.stages = {}",
-                             config::TrainMode_Name(job.train().mode()), job.pipeline().stages())
-               : fmt::format("train.mode = {}", config::TrainMode_Name(job.train().mode()));
-    Report(steps, fmt::format("{} = CUDA: not implemented with {} (only train.mode = RING "
-                              "without pipeline stages trains on the GPU); use CPU",
-                              PathString(steps), mode));
+  // What the job asks of its mode against what the mode declares (mode_info.h): the GPU,
+  // checkpoints, a codec, PowerSGD. Issue 45: the PS and SDPIPE modes built their models on the
+  // CPU whatever model.device said and trained there without a word.
+  void CheckModeSupports(const config::Job& job) {
+    const ModeInfo* mode = nullptr;
+    for (const ModeInfo* m : RegisteredModes()) {
+      if (m->selects(job)) mode = m;
+    }
+    if (mode == nullptr) return;  // a mode the build lacks: ModeOf names it at the start
+    auto refuse = [&](std::vector<Step> steps, const std::string& value,
+                      bool ModeSupport::*feature, const char* fix) {
+      if (mode->support.*feature) return;
+      std::vector<std::string> able;
+      for (const ModeInfo* m : RegisteredModes()) {
+        if (m->support.*feature) able.push_back(m->name);
+      }
+      Report(steps, fmt::format("{} = {}: not supported by {} (only by {}); {}",
+                                PathString(steps), value, mode->name,
+                                able.empty() ? std::string("no mode") : fmt::format("{}", fmt::join(able, ", ")),
+                                fix));
+    };
+    const auto job_field = [](int number) { return Step{Field<config::Job>(number), -1}; };
+    if (job.model().device() == config::Model::CUDA) {
+      refuse({job_field(config::Job::kModelFieldNumber),
+              {Field<config::Model>(config::Model::kDeviceFieldNumber), -1}},
+             "CUDA", &ModeSupport::cuda, "use CPU");
+    }
+    if (!job.checkpoint().dir().empty()) {
+      refuse({job_field(config::Job::kCheckpointFieldNumber),
+              {Field<config::Checkpoint>(config::Checkpoint::kDirFieldNumber), -1}},
+             fmt::format("'{}'", job.checkpoint().dir()), &ModeSupport::checkpoints,
+             "leave checkpoint.dir empty");
+    }
+    if (job.comm().compression() != config::Comm::none) {
+      refuse({job_field(config::Job::kCommFieldNumber),
+              {Field<config::Comm>(config::Comm::kCompressionFieldNumber), -1}},
+             config::Comm::Compression_Name(job.comm().compression()), &ModeSupport::compression,
+             "set comm.compression = none");
+    }
+    if (job.comm().powersgd_rank() > 0) {
+      refuse({job_field(config::Job::kCommFieldNumber),
+              {Field<config::Comm>(config::Comm::kPowersgdRankFieldNumber), -1}},
+             std::to_string(job.comm().powersgd_rank()), &ModeSupport::powersgd,
+             "set comm.powersgd_rank = 0");
+    }
   }
 
   // PowerSGD replaces the ring's codec and needs what only the RING trainer on the CPU has.
@@ -506,11 +537,6 @@ class Validator {
       refuse(fmt::format("PowerSGD replaces the codec; set comm.compression = none (it is {})",
                          config::Comm::Compression_Name(job.comm().compression())));
     }
-    if (job.train().mode() != config::RING) {
-      refuse(fmt::format("implemented for train.mode = RING only (it is {})",
-                         config::TrainMode_Name(job.train().mode())));
-    }
-    if (job.pipeline().stages() > 1) refuse("not implemented with pipeline stages");
     if (job.model().device() == config::Model::CUDA) {
       refuse("not implemented with model.device = CUDA");
     }

@@ -12,7 +12,7 @@
 // steps is a stronger form of the connectivity the connect rounds guarantee (every P rounds the
 // groups connect all replicas). The last request says so, and each rank then closes its
 // scheduler connection without failing the job.
-#include "core/job/pipeline_worker.h"
+#include "core/job/job_mode.h"
 
 #include <limits>
 #include <map>
@@ -163,162 +163,194 @@ class PipelineMode : public train::TrainingMode {
   std::vector<uint8_t> labels_;
 };
 
-}  // namespace
+class PipelineJob : public JobMode {
+ public:
+  explicit PipelineJob(const config::Job& job)
+      : job_(job),
+        M_(job.pipeline().stages()),
+        m_(job.pipeline().micro_batches()),
+        // config validation: the batch is a multiple of the micro-batches.
+        rows_(static_cast<size_t>(job.train().batch_size() / job.pipeline().micro_batches())) {}
 
-void RunPipelineWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& job,
-                       Clock::time_point start) {
-  const bool lead = env.rank == 0;
-  const auto& train_cfg = job.train();
-  const auto& comm_cfg = job.comm();
-  const auto& sd = job.sdpipe();
-  const auto& pl = job.pipeline();
-  const int M = pl.stages();
-  if (env.world_size % M != 0) {
-    Throw(ErrorCode::kInvalidArgument,
-          "pipeline.stages = {}: the world size {} is not a multiple of it (each pipeline needs "
-          "one rank per stage)",
-          M, env.world_size);
+  ModeLayout Layout(const JobEnv& env) const override {
+    if (env.world_size % M_ != 0) {
+      Throw(ErrorCode::kInvalidArgument,
+            "pipeline.stages = {}: the world size {} is not a multiple of it (each pipeline "
+            "needs one rank per stage)",
+            M_, env.world_size);
+    }
+    const int N = env.world_size / M_;
+    if (job_.sdpipe().min_group() > N) {
+      Throw(ErrorCode::kInvalidArgument,
+            "sdpipe.min_group = {}: expected an integer in [1, pipelines = world size {} / "
+            "pipeline.stages {} = {}]",
+            job_.sdpipe().min_group(), env.world_size, M_, N);
+    }
+    return {0, 0, N, "pipelines"};
   }
-  const int N = env.world_size / M;
-  const train::PipelineLayout layout{M, N};
-  const int stage = layout.stage_of(env.rank);
-  const int pipeline = layout.pipeline_of(env.rank);
-  if (sd.min_group() > N) {
-    Throw(ErrorCode::kInvalidArgument,
-          "sdpipe.min_group = {}: expected an integer in [1, pipelines = world size {} / "
-          "pipeline.stages {} = {}]",
-          sd.min_group(), env.world_size, M, N);
+
+  std::string StartLine(const JobEnv& env) const override {
+    return fmt::format("pipesgd worker: world size {}, train.mode SDPIPE with {} pipeline stages "
+                       "x {} pipelines, {} micro-batches of {} samples per step and pipeline, "
+                       "every replica averaged every {} steps (sdpipe.period), comm.transport {}",
+                       env.world_size, M_, env.world_size / M_, m_, rows_,
+                       job_.sdpipe().period(), config::Transport_Name(job_.comm().transport()));
   }
-  if (!job.checkpoint().dir().empty()) {
-    Throw(ErrorCode::kInvalidArgument,
-          "checkpoint.dir = '{}': checkpoints are not supported with train.mode: SDPIPE; leave "
-          "checkpoint.dir empty",
-          job.checkpoint().dir());
+
+  // The full model gives the initial weights (the stages take their slices, so a split run
+  // starts where the unsplit one does) and evaluates the assembled weights; the stage trains
+  // layers of its own, built a second time, as a layer keeps its activations.
+  ModeModel Build(JobContext& ctx) override {
+    const JobEnv& env = ctx.env;
+    const auto& train_cfg = job_.train();
+    const auto& pl = job_.pipeline();
+    layout_ = train::PipelineLayout{M_, env.world_size / M_};
+    stage_ = layout_.stage_of(env.rank);
+    pipeline_ = layout_.pipeline_of(env.rank);
+    const size_t batch = static_cast<size_t>(train_cfg.batch_size());
+    auto stack = BuildLayers(job_.model());
+    CheckModelFitsInMemory(stack, std::max(kEvalBatch, batch), 2);
+    for (const auto& layer : stack) layer_params_.push_back(layer->num_params());
+    full_ = std::make_unique<layers::Model>(std::move(stack), kEvalBatch);
+    full_params_.resize(full_->num_params());
+    full_->Init(full_params_, train_cfg.seed());
+    boundaries_.assign(pl.boundaries().begin(), pl.boundaries().end());
+    if (boundaries_.empty()) boundaries_ = train::BalancedBoundaries(layer_params_, M_);
+    train::CheckBoundaries(boundaries_, layer_params_.size());
+    const train::StageSlice slice = train::StageSliceOf(layer_params_, boundaries_, stage_);
+    offset_ = slice.param_offset;
+    auto all_layers = BuildLayers(job_.model());
+    std::vector<std::unique_ptr<layers::Layer>> part;
+    for (size_t i = slice.first_layer; i < slice.end_layer; ++i) {
+      part.push_back(std::move(all_layers[i]));
+    }
+    stage_model_ = std::make_unique<train::PipelineStage>(
+        std::move(part), slice.first_layer, stage_ == M_ - 1, rows_,
+        train::MaxInFlight(M_, stage_, m_),
+        std::span<const float>(full_params_).subspan(offset_, slice.param_count));
+    scaling_ = {job_.data().input_mean(), job_.data().input_std()};
+    data_ = std::make_unique<train::DatasetMicroBatches>(ctx.data.train, batch, rows_, pipeline_,
+                                                         layout_.pipelines, train_cfg.seed(),
+                                                         scaling_);
+    PSGD_LOG_INFO("rank {}: stage {} of pipeline {}: {}", env.rank, stage_, pipeline_,
+                  stage_model_->Describe());
+    const auto steps = static_cast<int64_t>(data_->steps_per_epoch());
+    return {full_->Describe(),
+            fmt::format("{} training samples ({} steps per epoch of {} samples per pipeline), "
+                        "{} test samples",
+                        ctx.data.train.count, steps, batch, ctx.data.test.count),
+            steps};
   }
-  const int m = pl.micro_batches();
-  const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  const size_t rows = batch / static_cast<size_t>(m);  // config validation: a multiple
 
-  const auto& data_cfg = job.data();
-  const detail::JobData sets = detail::LoadJobData(job);
-  const data::Dataset& train_set = sets.train;
-  const data::Dataset& test_set = sets.test;
-  const data::InputScaling scaling{data_cfg.input_mean(), data_cfg.input_std()};
-
-  // The full model: its initial weights (the stages take their slices, so a split run starts
-  // where the unsplit one does) and the evaluation of the assembled weights.
-  const size_t eval_batch = 500;
-  auto stack = BuildLayers(job.model());
-  CheckModelFitsInMemory(stack, std::max(eval_batch, batch), 2);
-  std::vector<size_t> layer_params;
-  for (const auto& layer : stack) layer_params.push_back(layer->num_params());
-  layers::Model full(std::move(stack), eval_batch);
-  std::vector<float> full_params(full.num_params());
-  full.Init(full_params, train_cfg.seed());
-  std::vector<size_t> boundaries(pl.boundaries().begin(), pl.boundaries().end());
-  if (boundaries.empty()) boundaries = train::BalancedBoundaries(layer_params, M);
-  train::CheckBoundaries(boundaries, layer_params.size());
-  const train::StageSlice slice = train::StageSliceOf(layer_params, boundaries, stage);
-  const size_t offset = slice.param_offset;
-  auto all_layers = BuildLayers(job.model());
-  std::vector<std::unique_ptr<layers::Layer>> part;
-  for (size_t i = slice.first_layer; i < slice.end_layer; ++i) {
-    part.push_back(std::move(all_layers[i]));
+  // One scheduler state per stage, each over the stage's N replicas, with no connect rounds,
+  // epochs or end of its own (see the top of this file).
+  void Connect(JobContext& ctx) override {
+    const JobEnv& env = ctx.env;
+    const auto& comm_cfg = job_.comm();
+    const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
+    ConnectedTransport connected = TransportForEveryone(env, job_, start_deadline);
+    comm_ = std::make_unique<collective::GroupCommunicator>(
+        std::move(connected.transport), env.world_size, std::move(connected.addresses),
+        CommunicatorOptionsFromConfig(job_));
+    const int N = layout_.pipelines;
+    train::GroupSchedulerOptions sopt = SchedulerOptionsFromConfig(job_.sdpipe(), N);
+    sopt.period = std::numeric_limits<int>::max();  // FullSync steps replace connect rounds
+    scheduler_ = StartScheduler(*comm_, env, sopt, M_, start_deadline);
+    client_ = std::make_unique<train::GroupSchedulerClient>(
+        scheduler_.host, scheduler_.port, pipeline_, N, env.job_token, start_deadline);
+    groups_ = std::make_unique<StageGroups>(*client_, stage_, N, job_.sdpipe().period(),
+                                            ctx.plan, comm_cfg.timeout_s());
   }
-  train::PipelineStage model(std::move(part), slice.first_layer, stage == M - 1, rows,
-                             train::MaxInFlight(M, stage, m),
-                             std::span<const float>(full_params).subspan(offset, slice.param_count));
 
-  train::DatasetMicroBatches data(train_set, batch, rows, pipeline, N, train_cfg.seed(), scaling);
-  const auto steps_per_epoch = static_cast<int64_t>(data.steps_per_epoch());
-  CheckStepsPerEpoch(steps_per_epoch, job, N, "pipelines", train_set.count);
-  const train::RunPlan plan =
-      PlanFromConfig(job, steps_per_epoch, static_cast<int64_t>(batch) * N);
-  if (lead) {
-    PSGD_LOG_INFO("pipesgd worker: world size {}, train.mode SDPIPE with {} pipeline stages x {} "
-                  "pipelines, {} micro-batches of {} samples per step and pipeline, every "
-                  "replica averaged every {} steps (sdpipe.period), comm.transport {}",
-                  env.world_size, M, N, m, rows, sd.period(),
-                  config::Transport_Name(comm_cfg.transport()));
-    LogEffectiveConfig(args.config_path, job);
-    PSGD_LOG_INFO("model: {}", full.Describe());
-    PSGD_LOG_INFO("data: {} training samples ({} steps per epoch of {} samples per pipeline), {} "
-                  "test samples",
-                  train_set.count, steps_per_epoch, batch, test_set.count);
-  }
-  PSGD_LOG_INFO("rank {}: stage {} of pipeline {}: {}", env.rank, stage, pipeline,
-                model.Describe());
-  std::unique_ptr<OutputDir> out = ClaimOutputDir(lead, args);
-
-  const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
-  ConnectedTransport connected = TransportForEveryone(env, job, start_deadline);
-  collective::GroupCommunicator comm(std::move(connected.transport), env.world_size,
-                                     std::move(connected.addresses),
-                                     CommunicatorOptionsFromConfig(job));
-
-  // One scheduler state per stage, each over the stage's N replicas; no connect rounds, no
-  // epochs and no end of its own (see the top of this file).
-  train::GroupSchedulerOptions sopt = SchedulerOptionsFromConfig(sd, N);
-  // Never a connect round of its own: FullSync steps replace them (see the top of this file).
-  sopt.period = std::numeric_limits<int>::max();
-  const SchedulerEndpoint scheduler = StartScheduler(comm, env, sopt, M, start_deadline);
-  train::GroupSchedulerClient client(scheduler.host, scheduler.port, pipeline, N, env.job_token,
-                                     start_deadline);
-  StageGroups groups(client, stage, N, sd.period(), plan, comm_cfg.timeout_s());
-
-  train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
+  train::TrainingMode& Start(JobContext& ctx) override {
+    const auto& train_cfg = job_.train();
+    const auto& comm_cfg = job_.comm();
+    sgd_ = std::make_unique<train::SgdOptimizer>(
+        layers::SgdOptions{train_cfg.learning_rate(), train_cfg.momentum(),
                            train_cfg.weight_decay()},
-                          model.num_params());
-  train::PipelineTrainerOptions topt;
-  topt.micro_batches = m;
-  topt.micro_batch_rows = rows;
-  topt.seed = train_cfg.seed();
-  topt.timeout_s = comm_cfg.timeout_s();
-  topt.compression_warmup_steps = comm_cfg.warmup_steps();
-  // Outlives the trainer, which records on it.
-  const std::unique_ptr<timeline::Recorder> recorder = TimelineRecorder(args, env, plan, 0);
-  train::PipelineTrainer trainer(comm, layout, model, sgd, data, groups, topt);
-  trainer.set_timeline(recorder.get());
+        stage_model_->num_params());
+    train::PipelineTrainerOptions topt;
+    topt.micro_batches = m_;
+    topt.micro_batch_rows = rows_;
+    topt.seed = train_cfg.seed();
+    topt.timeout_s = comm_cfg.timeout_s();
+    topt.compression_warmup_steps = comm_cfg.warmup_steps();
+    trainer_ = std::make_unique<train::PipelineTrainer>(*comm_, layout_, *stage_model_, *sgd_,
+                                                        *data_, *groups_, topt);
+    trainer_->set_timeline(ctx.recorder.get());
+    mode_ = std::make_unique<PipelineMode>(
+        *trainer_, *groups_, *comm_, *stage_model_, *full_, ctx.data.test, scaling_, offset_,
+        stage_, M_, pipeline_, ctx.env.rank, ctx.env.world_size, kEvalBatch,
+        comm_cfg.timeout_s());
+    return *mode_;
+  }
 
-  PipelineMode mode(trainer, groups, comm, model, full, test_set, scaling, offset, stage, M,
-                    pipeline, env.rank, env.world_size, eval_batch, comm_cfg.timeout_s());
-  LeadReporter reporter(lead, out.get(), /*show_wire=*/false);
-  const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
-  WriteTimeline(recorder.get(), args, env);
-
-  const double wall_s = Seconds(start);
-  if (lead) {
+  ModeReport Report(const JobContext& ctx) override {
     nlohmann::json stages_json = nlohmann::json::array();
-    std::vector<train::StageSlice> stage_slices;
-    for (int s = 0; s < M; ++s) stage_slices.push_back(train::StageSliceOf(layer_params, boundaries, s));
-    for (int s = 0; s < M; ++s) {
+    for (int s = 0; s < M_; ++s) {
+      const train::StageSlice slice = train::StageSliceOf(layer_params_, boundaries_, s);
       std::map<int, int64_t> sizes;
-      const auto decisions = scheduler.service->decisions(s);
+      const auto decisions = scheduler_.service->decisions(s);
       for (const auto& d : decisions) sizes[static_cast<int>(d.members.size())] += 1;
       nlohmann::json hist = nlohmann::json::object();
       for (const auto& [size, count] : sizes) hist[std::to_string(size)] = count;
       stages_json.push_back({{"stage", s},
-                             {"layers", fmt::format("{}..{}", stage_slices[s].first_layer,
-                                                    stage_slices[s].end_layer - 1)},
+                             {"layers", fmt::format("{}..{}", slice.first_layer,
+                                                    slice.end_layer - 1)},
                              {"scheduler_rounds", decisions.size()},
                              {"scheduler_group_sizes", hist}});
     }
-    LogFinal(outcome, plan, wall_s);
     PSGD_LOG_INFO("per stage: {}", stages_json.dump());
-    if (out) {
-      SummaryInputs in{"SDPIPE", env.world_size, env.world_size,
-                       static_cast<int64_t>(batch) * N, plan.target_accuracy, wall_s,
-                       comm.transport().name(), trainer.p2p_bytes_sent() + trainer.sync_wire_bytes()};
-      out->WriteSummary(Summary(in, outcome, job,
-                                {{"pipeline_stages", M},
-                                 {"pipelines", N},
-                                 {"micro_batches", m},
-                                 {"stages", stages_json},
-                                 {"rank0_rounds_alone", trainer.skipped()},
-                                 {"rank0_p2p_bytes", trainer.p2p_bytes_sent()},
-                                 {"rank0_sync_wire_bytes", trainer.sync_wire_bytes()}}));
-    }
+    return {"SDPIPE",
+            ctx.env.world_size,
+            comm_->transport().name(),
+            trainer_->p2p_bytes_sent() + trainer_->sync_wire_bytes(),
+            {{"pipeline_stages", M_},
+             {"pipelines", layout_.pipelines},
+             {"micro_batches", m_},
+             {"stages", stages_json},
+             {"rank0_rounds_alone", trainer_->skipped()},
+             {"rank0_p2p_bytes", trainer_->p2p_bytes_sent()},
+             {"rank0_sync_wire_bytes", trainer_->sync_wire_bytes()}}};
   }
-}
+
+ private:
+  static constexpr size_t kEvalBatch = 500;
+  const config::Job& job_;
+  const int M_;  // stages
+  const int m_;  // micro-batches per step
+  const size_t rows_;
+  train::PipelineLayout layout_{1, 1};
+  int stage_ = 0;
+  int pipeline_ = 0;
+  std::vector<size_t> layer_params_;
+  std::vector<size_t> boundaries_;
+  std::unique_ptr<layers::Model> full_;
+  std::vector<float> full_params_;
+  size_t offset_ = 0;
+  std::unique_ptr<train::PipelineStage> stage_model_;
+  data::InputScaling scaling_;
+  std::unique_ptr<train::DatasetMicroBatches> data_;
+  std::unique_ptr<collective::GroupCommunicator> comm_;
+  SchedulerEndpoint scheduler_;
+  std::unique_ptr<train::GroupSchedulerClient> client_;
+  std::unique_ptr<StageGroups> groups_;
+  std::unique_ptr<train::SgdOptimizer> sgd_;
+  std::unique_ptr<train::PipelineTrainer> trainer_;
+  std::unique_ptr<PipelineMode> mode_;
+};
+
+}  // namespace
+
+extern const ModeInfo kPipelineMode;
+const ModeInfo kPipelineMode{
+    "pipeline stages (train.mode = SDPIPE with pipeline.stages > 1)",
+    {.timeline = true, .compression = true},
+    [](const config::Job& job) {
+      return job.train().mode() == config::SDPIPE && job.pipeline().stages() > 1;
+    },
+    [](const config::Job& job) -> std::unique_ptr<JobMode> {
+      return std::make_unique<PipelineJob>(job);
+    }};
 
 }  // namespace pipesgd::job

@@ -1,11 +1,9 @@
-// `pipesgd worker` for train.mode PS_SYNC and PS_ASYNC: the parameter-server baselines
-// (core/train/ps_trainer.h). Rank 0 is the server; ranks 1..W train on shards 0..W-1.
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <filesystem>
+// train.mode PS_SYNC and PS_ASYNC: the parameter-server baselines (core/train/ps_trainer.h) for
+// the job skeleton (job_mode.h). Rank 0 is the server; ranks 1..W train on shards 0..W-1.
 #include <limits>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +16,7 @@
 #include "core/train/ps_trainer.h"
 #include "core/job/model_builder.h"
 #include "core/job/config.h"
+#include "core/job/job_mode.h"
 #include "core/job/worker.h"
 #include "core/job/worker_detail.h"
 #include "layers/model.h"
@@ -25,14 +24,7 @@
 namespace pipesgd::job {
 namespace {
 
-using detail::Clock;
-using detail::LeadReporter;
-using detail::LogEffectiveConfig;
-using detail::LogFinal;
-using detail::PlanFromConfig;
 using detail::Seconds;
-using detail::Summary;
-using detail::SummaryInputs;
 
 // A parameter-server worker for the shared training loop (core/train/run_loop.h). Every worker
 // evaluates its shard of the test set with the weights it holds (PS_SYNC: the same on every
@@ -77,119 +69,131 @@ class PsWorkerMode : public train::TrainingMode {
   uint64_t sent_before_ = 0;
 };
 
-}  // namespace
+class PsJob : public JobMode {
+ public:
+  PsJob(const config::Job& job, bool sync) : job_(job), sync_(sync) {}
 
-void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& job) {
-  const auto start = Clock::now();
-  const auto& train_cfg = job.train();
-  const auto& comm_cfg = job.comm();
-  const auto& data_cfg = job.data();
-  PSGD_CHECK(train_cfg.mode() == config::PS_SYNC || train_cfg.mode() == config::PS_ASYNC);
-  const bool sync = train_cfg.mode() == config::PS_SYNC;
-  const char* mode_name = sync ? "PS_SYNC" : "PS_ASYNC";
-  if (env.world_size < 2) {
-    Throw(ErrorCode::kInvalidArgument,
-          "train.mode = {} needs at least 2 ranks (rank 0 is the parameter server, the others "
-          "train); world size is {}",
-          mode_name, env.world_size);
-  }
-  if (!job.checkpoint().dir().empty() || args.resume) {
-    Throw(ErrorCode::kInvalidArgument,
-          "train.mode = {}: checkpoints are not supported by the parameter-server baselines "
-          "(unset checkpoint.dir, drop --resume)",
-          mode_name);
-  }
-  const int workers = env.world_size - 1;
-  const bool server = env.rank == 0;
-  const bool lead = env.rank == 1;  // the first worker reports and writes the outputs
-  if (server) {
-    PSGD_LOG_INFO("pipesgd worker: world size {}: {} parameter server on rank 0, {} workers, "
-                  "comm.transport {}",
-                  env.world_size, sync ? "synchronous" : "asynchronous", workers,
-                  config::Transport_Name(comm_cfg.transport()));
-    LogEffectiveConfig(args.config_path, job);
-    if (comm_cfg.compression() != config::Comm::none) {
-      PSGD_LOG_WARN("comm.compression = {} is ignored by train.mode = {} (float32 on the wire)",
-                    config::Comm::Compression_Name(comm_cfg.compression()), mode_name);
+  // Rank 0 is the server; the first worker (rank 1) reports and writes the outputs.
+  ModeLayout Layout(const JobEnv& env) const override {
+    if (env.world_size < 2) {
+      Throw(ErrorCode::kInvalidArgument,
+            "train.mode = {} needs at least 2 ranks (rank 0 is the parameter server, the others "
+            "train); world size is {}",
+            name(), env.world_size);
     }
-  }
-  // The lead worker claims the output directory.
-  std::unique_ptr<detail::OutputDir> out = detail::ClaimOutputDir(lead, args);
-  const detail::JobData sets = detail::LoadJobData(job);
-  const data::Dataset& train_set = sets.train;
-  const data::Dataset& test_set = sets.test;
-  const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  // The server keeps one update's buffers, a worker one gradient in flight.
-  detail::JobModel built = detail::BuildJobModel(job, 1);
-  const std::unique_ptr<layers::Model> model = std::move(built.model);
-  std::vector<float>& params = built.params;
-  const int shard = server ? 0 : env.rank - 1;
-  train::ClassifierTask task(*model, train_set, batch, shard, workers, train_cfg.seed(),
-                             {data_cfg.input_mean(), data_cfg.input_std()});
-  const size_t steps_per_epoch = task.steps_per_epoch();
-  detail::CheckStepsPerEpoch(static_cast<int64_t>(steps_per_epoch), job, workers, "workers",
-                             train_set.count);
-  if (lead) {
-    PSGD_LOG_INFO("model: {}", model->Describe());
-    PSGD_LOG_INFO("data: {} training samples ({} steps per epoch of global batch {}), {} test "
-                  "samples",
-                  train_set.count, steps_per_epoch, batch * workers, test_set.count);
+    return {1, 0, env.world_size - 1, "workers"};
   }
 
-  std::vector<int> peers;
-  if (server) {
-    for (int r = 1; r < env.world_size; ++r) peers.push_back(r);
-  } else {
-    peers.push_back(0);
+  std::string StartLine(const JobEnv& env) const override {
+    return fmt::format("pipesgd worker: world size {}: {} parameter server on rank 0, {} "
+                       "workers, comm.transport {}",
+                       env.world_size, sync_ ? "synchronous" : "asynchronous",
+                       env.world_size - 1, config::Transport_Name(job_.comm().transport()));
   }
-  PeerLinks links = ConnectPeers(env, JobDescription(job), peers, comm_cfg,
-                                 Deadline::After(comm_cfg.start_timeout_s()),
-                                 fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
-  const train::PsOptions options{sync ? train::PsMode::kSync : train::PsMode::kAsync,
-                                 comm_cfg.timeout_s()};
-  const int64_t global_batch = static_cast<int64_t>(batch) * workers;
-  const train::RunPlan plan =
-      PlanFromConfig(job, static_cast<int64_t>(steps_per_epoch), global_batch);
 
-  if (server) {
-    PSGD_LOG_INFO("parameter server: {} workers connected over {}", workers,
-                  links.transport->Describe());
+  ModeModel Build(JobContext& ctx) override {
+    const JobEnv& env = ctx.env;
+    workers_ = env.world_size - 1;
+    shard_ = env.rank == 0 ? 0 : env.rank - 1;
+    const size_t batch = static_cast<size_t>(job_.train().batch_size());
+    // The server keeps one update's buffers, a worker one gradient in flight.
+    built_ = detail::BuildJobModel(job_, 1);
+    task_ = std::make_unique<train::ClassifierTask>(
+        *built_.model, ctx.data.train, batch, shard_, workers_, job_.train().seed(),
+        data::InputScaling{job_.data().input_mean(), job_.data().input_std()});
+    const auto steps = static_cast<int64_t>(task_->steps_per_epoch());
+    return {built_.model->Describe(),
+            fmt::format("{} training samples ({} steps per epoch of global batch {}), {} test "
+                        "samples",
+                        ctx.data.train.count, steps, batch * workers_, ctx.data.test.count),
+            steps};
+  }
+
+  // A star: the server to every worker.
+  void Connect(JobContext& ctx) override {
+    const JobEnv& env = ctx.env;
+    const auto& comm_cfg = job_.comm();
+    std::vector<int> peers;
+    if (env.rank == 0) {
+      for (int r = 1; r < env.world_size; ++r) peers.push_back(r);
+    } else {
+      peers.push_back(0);
+    }
+    links_ = ConnectPeers(env, JobDescription(job_), peers, comm_cfg,
+                          Deadline::After(comm_cfg.start_timeout_s()),
+                          fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
+    options_ = {sync_ ? train::PsMode::kSync : train::PsMode::kAsync, comm_cfg.timeout_s()};
+  }
+
+  bool Serves(const JobEnv& env) const override { return env.rank == 0; }
+
+  void Serve(JobContext& ctx) override {
+    PSGD_LOG_INFO("parameter server: {} workers connected over {}", workers_,
+                  links_.transport->Describe());
+    const auto& train_cfg = job_.train();
     train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
                              train_cfg.weight_decay()},
-                            params.size());
+                            built_.params.size());
     std::vector<transport::Connection*> conns;
-    for (auto& c : links.connections) conns.push_back(c.get());
-    train::PsServer ps(*links.transport, conns, sgd, params, options);
-    // Rank 0's file too: a local run merges every rank's, and a missing one failed the job.
-    const std::unique_ptr<timeline::Recorder> recorder =
-        detail::TimelineRecorder(args, env, plan, 0);
-    ps.set_timeline(recorder.get());
+    for (auto& c : links_.connections) conns.push_back(c.get());
+    train::PsServer ps(*links_.transport, conns, sgd, built_.params, options_);
+    // Rank 0's timeline too: a local run merges every rank's, and a missing one failed the job.
+    ps.set_timeline(ctx.recorder.get());
     ps.Run();
-    detail::WriteTimeline(recorder.get(), args, env);
     PSGD_LOG_INFO("parameter server: {} updates applied, largest staleness {} updates, {:.1f} s",
-                  ps.updates(), ps.max_staleness(), Seconds(start));
-    return;
+                  ps.updates(), ps.max_staleness(), Seconds(ctx.start));
   }
 
-  const std::unique_ptr<timeline::Recorder> recorder =
-      detail::TimelineRecorder(args, env, plan, 0);
-  task.set_timeline(recorder.get());
-  train::PsWorker worker(*links.transport, *links.connections[0], task, params, env.rank, options);
-  worker.set_timeline(recorder.get());
-  PsWorkerMode mode(worker, task, params, test_set, shard, workers);
-  LeadReporter reporter(lead, out.get(), /*show_wire=*/false);
-  const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
-  worker.Bye();
-  detail::WriteTimeline(recorder.get(), args, env);
-  if (lead) {
-    const double wall_s = Seconds(start);
-    LogFinal(outcome, plan, wall_s);
-    if (out) {
-      SummaryInputs in{mode_name, env.world_size, workers, global_batch, plan.target_accuracy,
-                       wall_s, links.transport->name(), worker.bytes_sent()};
-      out->WriteSummary(Summary(in, outcome, job, {{"server_rank", 0}}));
-    }
+  train::TrainingMode& Start(JobContext& ctx) override {
+    task_->set_timeline(ctx.recorder.get());
+    worker_ = std::make_unique<train::PsWorker>(*links_.transport, *links_.connections[0], *task_,
+                                                built_.params, ctx.env.rank, options_);
+    worker_->set_timeline(ctx.recorder.get());
+    mode_ = std::make_unique<PsWorkerMode>(*worker_, *task_, built_.params, ctx.data.test, shard_,
+                                           workers_);
+    return *mode_;
   }
-}
+
+  void AfterLoop() override { worker_->Bye(); }
+
+  ModeReport Report(const JobContext& /*ctx*/) override {
+    return {name(), workers_, links_.transport->name(), worker_->bytes_sent(), {{"server_rank", 0}}};
+  }
+
+ private:
+  const char* name() const { return sync_ ? "PS_SYNC" : "PS_ASYNC"; }
+
+  const config::Job& job_;
+  bool sync_;
+  int workers_ = 0;
+  int shard_ = 0;
+  detail::JobModel built_;
+  std::unique_ptr<train::ClassifierTask> task_;
+  PeerLinks links_;
+  train::PsOptions options_;
+  std::unique_ptr<train::PsWorker> worker_;
+  std::unique_ptr<PsWorkerMode> mode_;
+};
+
+// Compression, checkpoints and the GPU are the ring's: the baselines send float32 gradients
+// from the CPU, and the server's state is not saved.
+constexpr ModeSupport kPsSupports{.timeline = true};
+
+}  // namespace
+
+extern const ModeInfo kPsSyncMode;
+const ModeInfo kPsSyncMode{
+    "train.mode = PS_SYNC", kPsSupports,
+    [](const config::Job& job) { return job.train().mode() == config::PS_SYNC; },
+    [](const config::Job& job) -> std::unique_ptr<JobMode> {
+      return std::make_unique<PsJob>(job, true);
+    }};
+extern const ModeInfo kPsAsyncMode;
+const ModeInfo kPsAsyncMode{
+    "train.mode = PS_ASYNC", kPsSupports,
+    [](const config::Job& job) { return job.train().mode() == config::PS_ASYNC; },
+    [](const config::Job& job) -> std::unique_ptr<JobMode> {
+      return std::make_unique<PsJob>(job, false);
+    }};
 
 }  // namespace pipesgd::job

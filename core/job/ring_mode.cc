@@ -1,10 +1,33 @@
+// train.mode RING: the pipelined ring trainer (width 1, 2 or auto), on the CPU or the GPU, with
+// checkpoints, codecs or PowerSGD. Its set-up for the job skeleton (job_mode.h) and its
+// TrainingMode (ring_mode.h).
 #include "core/job/ring_mode.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/base/log.h"
+#include "core/collective/powersgd.h"
+#include "core/collective/ring_allreduce.h"
+#include "core/train/checkpoint.h"
+#include "core/train/classifier_task.h"
+#include "core/train/straggler.h"
+#include "core/train/trainer.h"
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "core/cuda/cuda_gradients.h"
+#include "core/cuda/cuda_task.h"
+#include "layers/cuda/cuda_model.h"
+#include "layers/cuda/device.h"
+#endif
+#include "core/job/auto_values.h"
+#include "core/job/config.h"
+#include "core/job/job_mode.h"
+#include "core/job/model_builder.h"
+#include "core/job/worker_detail.h"
 
 namespace pipesgd::job {
 
@@ -41,5 +64,323 @@ train::TrainingMode::Result RingMode::Evaluate(int64_t from) {
   wire_before_ = wire;
   return r;
 }
+
+
+namespace {
+
+using detail::JobModel;
+
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+// model.gpu_index, or the rank's local rank (LOCAL_RANK, SLURM_LOCALID, ...) for -1.
+int GpuIndex(const config::Model& spec, const JobEnv& env) {
+  return spec.gpu_index() >= 0 ? spec.gpu_index() : env.local_rank;
+}
+
+// model.device = CUDA: the same task and optimizer on the GPU (core/cuda/cuda_task.h), the GPU
+// twin of the CPU model (the same layers, the same parameter layout).
+struct GpuParts {
+  std::unique_ptr<cuda::Context> gpu;
+  std::unique_ptr<cuda::CudaModel> model;
+  std::unique_ptr<cuda::DeviceParams> params;
+  std::unique_ptr<cuda::CudaClassifierTask> task;
+};
+#endif
+
+class RingJob : public JobMode {
+ public:
+  explicit RingJob(const config::Job& job) : job_(job) {}
+
+  ModeLayout Layout(const JobEnv& env) const override { return {0, 0, env.world_size, "ranks"}; }
+
+  std::string StartLine(const JobEnv& env) const override {
+    const int width = job_.train().pipeline_width();
+    return fmt::format("pipesgd worker: world size {}, pipeline width {} ({}), comm.transport {}",
+                       env.world_size, width == 0 ? "auto" : std::to_string(width),
+                       width == 0   ? "measured at start"
+                       : width == 1 ? "synchronous SGD"
+                                    : "Pipe-SGD",
+                       config::Transport_Name(job_.comm().transport()));
+  }
+
+  // Every rank loads the same files and initialises the same parameters from the seed, so no
+  // broadcast is needed.
+  ModeModel Build(JobContext& ctx) override {
+    const auto& train_cfg = job_.train();
+    const JobEnv& env = ctx.env;
+    const size_t batch = static_cast<size_t>(train_cfg.batch_size());
+    // An auto width is at most 2 (core/train/autotune.h): room for 2 gradients in flight.
+    built_ = detail::BuildJobModel(job_, train_cfg.pipeline_width() == 0
+                                             ? 2
+                                             : train_cfg.pipeline_width());
+    task_ = std::make_unique<train::ClassifierTask>(
+        *built_.model, ctx.data.train, batch, env.rank, env.world_size, train_cfg.seed(),
+        data::InputScaling{job_.data().input_mean(), job_.data().input_std()});
+    // The CPU task still provides the sampler's steps per epoch on the GPU.
+    train::Objective* inner = task_.get();
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+    if (job_.model().device() == config::Model::CUDA) inner = BuildGpu(ctx);
+#endif
+    // Stragglers (job.straggler) sleep before some steps, for experiments; a no-op otherwise.
+    straggler_ = std::make_unique<train::StragglerObjective>(
+        *inner, detail::StragglerFromConfig(job_, env.world_size), env.rank);
+    const auto steps = static_cast<int64_t>(task_->steps_per_epoch());
+    return {built_.model->Describe(),
+            fmt::format("{} training samples ({} steps per epoch of global batch {}), {} test "
+                        "samples",
+                        ctx.data.train.count, steps, batch * env.world_size, ctx.data.test.count),
+            steps};
+  }
+
+  // Publish our endpoint, meet the others, connect the ring.
+  void Connect(JobContext& ctx) override {
+    const auto& comm_cfg = job_.comm();
+    comm_ = ConnectRing(ctx.env, JobDescription(job_), RingConnectOptions(job_), comm_cfg,
+                        Deadline::After(comm_cfg.start_timeout_s()),
+                        fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
+    if (ctx.lead) {
+      PSGD_LOG_INFO("ring connected: {} ranks over {}", ctx.env.world_size,
+                    comm_->transport().Describe());
+    }
+  }
+
+  // --resume, then the auto values (0 in the config), before anything records or trains.
+  int64_t Restore(JobContext& ctx) override {
+    const auto& train_cfg = job_.train();
+    const auto& comm_cfg = job_.comm();
+    std::vector<float>& params = built_.params;
+    sgd_options_ = {train_cfg.learning_rate(), train_cfg.momentum(), train_cfg.weight_decay()};
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+    if (gpu_.gpu) {
+      optimizer_ = std::make_unique<cuda::CudaSgdOptimizer>(*gpu_.gpu, *gpu_.params, sgd_options_);
+    }
+#endif
+    if (!optimizer_) optimizer_ = std::make_unique<train::SgdOptimizer>(sgd_options_, params.size());
+    // A checkpoint belongs to the job, not to where it is kept: its directory is left out of
+    // the identity, so that a copied or moved directory resumes (checkpoint.dir = the new place).
+    config::Job identity = job_;
+    identity.mutable_checkpoint()->clear_dir();
+    ckpt_job_text_ = JobDescription(identity);
+    if (ctx.args.resume) {
+      if (job_.checkpoint().dir().empty()) {
+        Throw(ErrorCode::kInvalidArgument,
+              "--resume: checkpoint.dir is not set in the config (nothing to resume from)");
+      }
+      resumed_ = train::AgreeOnCheckpoint(*comm_, job_.checkpoint().dir(), comm_cfg.timeout_s());
+      train::CheckCheckpointFitsJob(*resumed_, job_.checkpoint().dir(), ckpt_job_text_,
+                                    ctx.env.world_size, params.size());
+      std::copy(resumed_->params().begin(), resumed_->params().end(), params.begin());
+      optimizer_->LoadState({resumed_->optimizer_state().data(),
+                             static_cast<size_t>(resumed_->optimizer_state_size())});
+      comm_->RestoreResidual({resumed_->residual().data(),
+                              static_cast<size_t>(resumed_->residual_size())});
+      comm_->RestoreSequence(resumed_->collective_sequence());
+      saved_step_ = resumed_->steps();
+    }
+    options_ = {train_cfg.pipeline_width(), comm_cfg.timeout_s(), comm_cfg.warmup_steps()};
+    options_.compensation = detail::CompensationFromConfig(train_cfg.staleness_compensation());
+    options_.sync_warmup_steps = train_cfg.sync_warmup_steps();
+    settings_ = ResolveRingSettings(
+        job_, *comm_, *straggler_, params, options_,
+        [&] { return std::make_unique<train::SgdOptimizer>(sgd_options_, params.size()); },
+        resumed_ ? &*resumed_ : nullptr, ctx.lead);
+    options_.pipeline_width = settings_.pipeline_width;
+    return resumed_ ? resumed_->steps() : 0;
+  }
+
+  train::TrainingMode& Start(JobContext& ctx) override {
+    comm_->set_timeline(ctx.recorder.get());
+    task_->set_timeline(ctx.recorder.get());
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+    if (gpu_.gpu) KeepGradientsOnGpu(ctx);
+#endif
+    if (job_.comm().powersgd_rank() > 0) StartPowerSgd(ctx);
+    trainer_ = std::make_unique<train::Trainer>(*comm_, *straggler_, *optimizer_, built_.params,
+                                                options_);
+    trainer_->set_timeline(ctx.recorder.get());
+    if (resumed_) {
+      const train::TrainerSnapshot snapshot = train::SnapshotFromCheckpoint(*resumed_);
+      trainer_->Restore(snapshot);
+      if (ctx.lead) {
+        PSGD_LOG_INFO("resumed from {} at step {} ({} updates applied, {} pending)",
+                      train::CheckpointPath(job_.checkpoint().dir(), resumed_->steps(),
+                                            ctx.env.rank).string(),
+                      snapshot.steps, snapshot.applied, snapshot.pending.size());
+      }
+    }
+    const JobEnv& env = ctx.env;
+    auto evaluate_shard = [this, &env, &test = ctx.data.test]() -> layers::EvalResult {
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+      if (gpu_.task) return gpu_.task->EvaluateShard(built_.params, test, env.rank, env.world_size);
+#endif
+      return task_->EvaluateShard(built_.params, test, env.rank, env.world_size);
+    };
+    mode_ = std::make_unique<RingMode>(*trainer_, evaluate_shard,
+                                       [this, &ctx] { SaveCheckpoint(ctx); },
+                                       job_.checkpoint(), env.rank, job_.comm());
+    return *mode_;
+  }
+
+  // Let in-flight collectives finish on every rank before the trainer goes away, so this rank's
+  // failure does not turn into a confusing connection error on its peers.
+  void Abandon() override {
+    if (!trainer_) return;
+    try {
+      trainer_->Drain(false);
+    } catch (...) {
+    }
+  }
+
+  bool ShowsWire() const override { return true; }
+
+  ModeReport Report(const JobContext& ctx) override {
+    const train::WireTotals wire = trainer_->wire_totals();
+    return {"RING",
+            ctx.env.world_size,
+            comm_->transport().name(),
+            wire.bytes_sent,
+            {{"pipeline_width", settings_.pipeline_width},
+             {"chunk_bytes", comm_->options().chunk_bytes},
+             {"streams", comm_->options().streams},
+             {"auto", settings_.report},
+             {"staleness_compensation",
+              config::StalenessCompensation_Name(job_.train().staleness_compensation())},
+             {"compressed_steps", wire.compressed_steps},
+             {"saturated_elements", wire.saturated}}};
+  }
+
+ private:
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  train::Objective* BuildGpu(JobContext& ctx) {
+    const JobEnv& env = ctx.env;
+    const int index = GpuIndex(job_.model(), env);
+    try {
+      gpu_.gpu = std::make_unique<cuda::Context>(index);
+    } catch (const Error& e) {
+      throw e.Wrap(fmt::format("rank {}: model.device = CUDA (GPU index {} from {})", env.rank,
+                               index, job_.model().gpu_index() >= 0 ? "model.gpu_index"
+                                                                    : "the local rank"));
+    }
+    gpu_.model = std::make_unique<cuda::CudaModel>(*gpu_.gpu, BuildCudaLayers(job_.model()),
+                                                   built_.max_batch);
+    gpu_.params = std::make_unique<cuda::DeviceParams>(*gpu_.gpu, built_.model->num_params());
+    gpu_.task = std::make_unique<cuda::CudaClassifierTask>(
+        *gpu_.gpu, *gpu_.model, *gpu_.params, ctx.data.train,
+        static_cast<size_t>(job_.train().batch_size()), built_.max_batch, env.rank,
+        env.world_size, job_.train().seed(),
+        data::InputScaling{job_.data().input_mean(), job_.data().input_std()});
+    PSGD_LOG_INFO("rank {}: model on {}", env.rank, gpu_.gpu->description());
+    return gpu_.task.get();
+  }
+
+  // GPU gradients stay in device slots, AllReduced staged through pinned host lanes
+  // (core/cuda/cuda_gradients.h); error feedback keeps a per-call residual that segments would
+  // reset, so with it the gradients go through host slots instead.
+  void KeepGradientsOnGpu(JobContext& ctx) {
+    if (job_.comm().error_feedback()) {
+      PSGD_LOG_INFO("rank {}: gradients reduced in host slots (comm.error_feedback is not "
+                    "supported on device slots)", ctx.env.rank);
+      return;
+    }
+    const int width = settings_.pipeline_width;
+    const size_t n = built_.params.size();
+    collective::StagingOptions staging;
+    device_gradients_ = std::make_unique<cuda::CudaDeviceGradients>(*gpu_.gpu, *comm_, width,
+                                                                    n + 1, staging);
+    options_.device_gradients = device_gradients_.get();
+    if (ctx.lead) {
+      PSGD_LOG_INFO("gradients stay on the GPU: {} device slots, staged through {} pinned "
+                    "host lanes of {} KiB",
+                    width, staging.lanes,
+                    std::min<uint64_t>(staging.segment_bytes, (n + 1) * 4) / 1024);
+    }
+  }
+#endif
+
+  // PowerSGD in place of the ring's codec (comm.powersgd_rank; the config checks rule out the
+  // GPU, checkpoints and the other modes).
+  void StartPowerSgd(JobContext& ctx) {
+    std::vector<collective::PowerSgd::Matrix> matrices;
+    for (const auto& m : built_.model->WeightMatrices()) matrices.push_back({m.offset, m.rows, m.cols});
+    collective::PowerSgdOptions po;
+    po.rank = job_.comm().powersgd_rank();
+    po.seed = static_cast<uint64_t>(job_.train().seed());
+    powersgd_ = std::make_unique<collective::PowerSgd>(*comm_, built_.params.size() + 1, matrices, po);
+    options_.reducer = powersgd_.get();
+    if (ctx.lead) {
+      PSGD_LOG_INFO("PowerSGD rank {}: {} of {} weight matrices travel as low-rank factors",
+                    po.rank, powersgd_->compressed().size(), matrices.size());
+    }
+  }
+
+  // Every rank writes its own file (the error-feedback residual is per rank); the state is
+  // taken between steps with the in-flight AllReduces finished, and never when it holds a
+  // non-finite value.
+  void SaveCheckpoint(const JobContext& ctx) {
+    const auto& ckpt_cfg = job_.checkpoint();
+    if (ckpt_cfg.dir().empty() || trainer_->steps() == saved_step_) return;
+    const JobEnv& env = ctx.env;
+    const train::TrainerSnapshot snapshot = trainer_->Snapshot();
+    const std::vector<float> opt = optimizer_->SaveState();
+    // The round's agreement below is one more collective: the checkpoint records the sequence
+    // after it, where this run goes on and a resumed one must start (it keys the codecs'
+    // stochastic rounding).
+    const checkpoint::Checkpoint c = train::CaptureCheckpoint(
+        {ckpt_job_text_, env.rank, env.world_size, comm_->sequence() + 1, built_.params, opt,
+         comm_->residual(), settings_.pipeline_width, comm_->options().chunk_bytes,
+         comm_->options().streams},
+        snapshot);
+    // A rank deletes its older checkpoints only once every rank has written this step (a full
+    // disk on one rank must leave a step all can resume from): one AllReduce of a one-hot
+    // failure flag, on the trainer's communication thread after the steps (Snapshot drained
+    // them). It costs a few bytes per round, beside a write of the whole model; learning the
+    // same from the next round's gradients instead would keep two rounds of files and could
+    // not confirm the last round before the job ends.
+    const std::filesystem::path dir = ckpt_cfg.dir();
+    train::WriteCheckpointRound(dir, c, ckpt_cfg.keep(), [&](float failed) {
+      std::vector<float> all(static_cast<size_t>(env.world_size), 0.0f);
+      all[static_cast<size_t>(env.rank)] = failed;
+      trainer_->AllReduce(all, collective::ReduceOp::kSum);
+      return all;
+    });
+    saved_step_ = snapshot.steps;
+    if (ctx.lead) {
+      PSGD_LOG_INFO("checkpoint: step {} written to {}", snapshot.steps,
+                    train::CheckpointPath(dir, snapshot.steps, env.rank).string());
+    }
+  }
+
+  const config::Job& job_;
+  // Declared in the order they are made, so each goes before what it uses.
+  JobModel built_;
+  std::unique_ptr<train::ClassifierTask> task_;
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  GpuParts gpu_;
+#endif
+  std::unique_ptr<train::StragglerObjective> straggler_;
+  std::unique_ptr<collective::Communicator> comm_;
+  layers::SgdOptions sgd_options_;
+  std::unique_ptr<train::Optimizer> optimizer_;
+  std::string ckpt_job_text_;
+  std::optional<checkpoint::Checkpoint> resumed_;
+  int64_t saved_step_ = -1;
+  train::TrainerOptions options_;
+  RingSettings settings_;
+#ifdef PIPESGD_HAVE_CUDA_BACKEND
+  std::unique_ptr<cuda::CudaDeviceGradients> device_gradients_;
+#endif
+  std::unique_ptr<collective::PowerSgd> powersgd_;
+  std::unique_ptr<train::Trainer> trainer_;
+  std::unique_ptr<RingMode> mode_;
+};
+
+}  // namespace
+
+extern const ModeInfo kRingMode;
+const ModeInfo kRingMode{
+    "train.mode = RING",
+    {.checkpoints = true, .cuda = true, .timeline = true, .compression = true, .powersgd = true},
+    // With pipeline stages too: the validator refuses those (they need SDPIPE), by name.
+    [](const config::Job& job) { return job.train().mode() == config::RING; },
+    [](const config::Job& job) -> std::unique_ptr<JobMode> { return std::make_unique<RingJob>(job); }};
 
 }  // namespace pipesgd::job

@@ -1,6 +1,6 @@
 // train.mode RING for the shared training loop (core/train/run_loop.h): the pipelined trainer,
 // its checkpoints, and the evaluation of this rank's test shard summed over the ring. Internal to
-// the launcher (worker.cc is its composition root).
+// the job skeleton (job_mode.h; its set-up is in ring_mode.cc).
 #pragma once
 
 #include <functional>

@@ -1,4 +1,6 @@
-#include "core/job/sdpipe_worker.h"
+// train.mode SDPIPE without pipeline stages: groups chosen by the scheduler on rank 0 average
+// their replicas (core/train/sdpipe_trainer.h), for the job skeleton (job_mode.h).
+#include "core/job/job_mode.h"
 #include "core/job/model_builder.h"
 
 #include <limits>
@@ -103,97 +105,95 @@ class SdpipeMode : public train::TrainingMode {
   uint64_t wire_before_ = 0;
 };
 
-}  // namespace
+class SdpipeJob : public JobMode {
+ public:
+  explicit SdpipeJob(const config::Job& job) : job_(job) {}
 
-void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& job,
-                     Clock::time_point start) {
-  const bool lead = env.rank == 0;
-  const auto& train_cfg = job.train();
-  const auto& comm_cfg = job.comm();
-  const auto& sd = job.sdpipe();
-  if (sd.min_group() > env.world_size) {
-    Throw(ErrorCode::kInvalidArgument,
-          "sdpipe.min_group = {}: expected an integer in [1, world size {}]", sd.min_group(),
-          env.world_size);
+  ModeLayout Layout(const JobEnv& env) const override {
+    const auto& sd = job_.sdpipe();
+    if (sd.min_group() > env.world_size) {
+      Throw(ErrorCode::kInvalidArgument,
+            "sdpipe.min_group = {}: expected an integer in [1, world size {}]", sd.min_group(),
+            env.world_size);
+    }
+    return {0, 0, env.world_size, "ranks"};
   }
-  if (!job.checkpoint().dir().empty()) {
-    Throw(ErrorCode::kInvalidArgument,
-          "checkpoint.dir = '{}': checkpoints are not supported with train.mode: SDPIPE (each "
-          "rank's model differs between epoch barriers); leave checkpoint.dir empty",
-          job.checkpoint().dir());
+
+  std::string StartLine(const JobEnv& env) const override {
+    const auto& sd = job_.sdpipe();
+    return fmt::format("pipesgd worker: world size {}, train.mode SDPIPE (P = {}, window {} s in "
+                       "[{}, {}]), comm.transport {}",
+                       env.world_size, sd.period(), sd.window_init_s(), sd.window_min_s(),
+                       sd.window_max_s(), config::Transport_Name(job_.comm().transport()));
   }
-  if (lead) {
-    PSGD_LOG_INFO("pipesgd worker: world size {}, train.mode SDPIPE (P = {}, window {} s in "
-                  "[{}, {}]), comm.transport {}",
-                  env.world_size, sd.period(), sd.window_init_s(), sd.window_min_s(),
-                  sd.window_max_s(), config::Transport_Name(comm_cfg.transport()));
-    LogEffectiveConfig(args.config_path, job);
-  }
-  std::unique_ptr<OutputDir> out = ClaimOutputDir(lead, args);
-  const auto& data_cfg = job.data();
-  const detail::JobData sets = detail::LoadJobData(job);
-  const data::Dataset& train_set = sets.train;
-  const data::Dataset& test_set = sets.test;
-  const size_t batch = static_cast<size_t>(train_cfg.batch_size());
-  JobModel built = BuildJobModel(job, 2);
-  const std::unique_ptr<layers::Model> model = std::move(built.model);
-  std::vector<float>& params = built.params;
-  train::ClassifierTask task(*model, train_set, batch, env.rank, env.world_size,
-                             train_cfg.seed(), {data_cfg.input_mean(), data_cfg.input_std()});
-  train::StragglerObjective objective(task, StragglerFromConfig(job, env.world_size), env.rank);
-  const int64_t steps_per_epoch = static_cast<int64_t>(task.steps_per_epoch());
-  CheckStepsPerEpoch(steps_per_epoch, job, env.world_size, "ranks", train_set.count);
-  const int64_t n = env.world_size;
-  if (lead) {
-    PSGD_LOG_INFO("model: {}", model->Describe());
-    PSGD_LOG_INFO("data: {} training samples ({} steps per epoch of {} samples per rank, {} "
-                  "local steps in all ranks per epoch), {} test samples",
-                  train_set.count, steps_per_epoch, batch, steps_per_epoch * n, test_set.count);
+
+  ModeModel Build(JobContext& ctx) override {
+    const JobEnv& env = ctx.env;
+    world_size_ = env.world_size;
+    const auto& train_cfg = job_.train();
+    const size_t batch = static_cast<size_t>(train_cfg.batch_size());
+    built_ = BuildJobModel(job_, 2);
+    task_ = std::make_unique<train::ClassifierTask>(
+        *built_.model, ctx.data.train, batch, env.rank, env.world_size, train_cfg.seed(),
+        data::InputScaling{job_.data().input_mean(), job_.data().input_std()});
+    objective_ = std::make_unique<train::StragglerObjective>(
+        *task_, StragglerFromConfig(job_, env.world_size), env.rank);
+    const auto steps = static_cast<int64_t>(task_->steps_per_epoch());
+    return {built_.model->Describe(),
+            fmt::format("{} training samples ({} steps per epoch of {} samples per rank, {} "
+                        "local steps in all ranks per epoch), {} test samples",
+                        ctx.data.train.count, steps, batch, steps * env.world_size,
+                        ctx.data.test.count),
+            steps};
   }
 
   // Every rank may end up in a group with every other: the transport is made for all of them
-  // (ibverbs needs its peers up front); connections are made on first use.
-  const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
-  ConnectedTransport connected = TransportForEveryone(env, job, start_deadline);
-  collective::GroupCommunicator comm(std::move(connected.transport), env.world_size,
-                                     std::move(connected.addresses),
-                                     CommunicatorOptionsFromConfig(job));
-
-  // The scheduler lives in rank 0.
-  train::GroupSchedulerOptions sopt = SchedulerOptionsFromConfig(sd, env.world_size);
-  const train::RunPlan plan = PlanFromConfig(job, steps_per_epoch,
-                                             static_cast<int64_t>(batch) * env.world_size);
-  sopt.epoch_updates = steps_per_epoch * n;
-  sopt.total_updates = plan.total_steps() * n;
-  sopt.eval_updates = plan.eval_every_steps * n;
-  const SchedulerEndpoint scheduler = StartScheduler(comm, env, sopt, 1, start_deadline);
-  train::GroupSchedulerClient client(scheduler.host, scheduler.port, env.rank, env.world_size,
-                                     env.job_token, start_deadline);
-  if (lead) {
-    PSGD_LOG_INFO("group scheduler at {}:{}; {} ranks over {}", scheduler.host, scheduler.port,
-                  env.world_size, comm.transport().Describe());
+  // (ibverbs needs its peers up front); connections are made on first use. The scheduler
+  // lives in rank 0.
+  void Connect(JobContext& ctx) override {
+    const JobEnv& env = ctx.env;
+    const auto& comm_cfg = job_.comm();
+    const Deadline start_deadline = Deadline::After(comm_cfg.start_timeout_s());
+    ConnectedTransport connected = TransportForEveryone(env, job_, start_deadline);
+    comm_ = std::make_unique<collective::GroupCommunicator>(
+        std::move(connected.transport), env.world_size, std::move(connected.addresses),
+        CommunicatorOptionsFromConfig(job_));
+    const int64_t n = env.world_size;
+    train::GroupSchedulerOptions sopt = SchedulerOptionsFromConfig(job_.sdpipe(), env.world_size);
+    sopt.epoch_updates = ctx.plan.steps_per_epoch * n;
+    sopt.total_updates = ctx.plan.total_steps() * n;
+    sopt.eval_updates = ctx.plan.eval_every_steps * n;
+    scheduler_ = StartScheduler(*comm_, env, sopt, 1, start_deadline);
+    client_ = std::make_unique<train::GroupSchedulerClient>(
+        scheduler_.host, scheduler_.port, env.rank, env.world_size, env.job_token, start_deadline);
+    if (ctx.lead) {
+      PSGD_LOG_INFO("group scheduler at {}:{}; {} ranks over {}", scheduler_.host,
+                    scheduler_.port, env.world_size, comm_->transport().Describe());
+    }
+    groups_ = std::make_unique<ClientGroups>(*client_, comm_cfg.timeout_s());
   }
-  ClientGroups groups(client, comm_cfg.timeout_s());
 
-  train::SgdOptimizer sgd({train_cfg.learning_rate(), train_cfg.momentum(),
+  // The timeline's steps are this rank's local steps.
+  train::TrainingMode& Start(JobContext& ctx) override {
+    const auto& train_cfg = job_.train();
+    const auto& comm_cfg = job_.comm();
+    sgd_ = std::make_unique<train::SgdOptimizer>(
+        layers::SgdOptions{train_cfg.learning_rate(), train_cfg.momentum(),
                            train_cfg.weight_decay()},
-                          params.size());
-  // Outlives the trainer, which records on it. Its steps are this rank's local steps.
-  const std::unique_ptr<timeline::Recorder> recorder = TimelineRecorder(args, env, plan, 0);
-  task.set_timeline(recorder.get());
-  train::SdpipeTrainer trainer(comm, objective, sgd, params, groups,
-                               {comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
-  trainer.set_timeline(recorder.get());
+        built_.params.size());
+    task_->set_timeline(ctx.recorder.get());
+    trainer_ = std::make_unique<train::SdpipeTrainer>(
+        *comm_, *objective_, *sgd_, built_.params, *groups_,
+        train::SdpipeOptions{comm_cfg.timeout_s(), comm_cfg.warmup_steps()});
+    trainer_->set_timeline(ctx.recorder.get());
+    mode_ = std::make_unique<SdpipeMode>(*trainer_, *task_, built_.params, ctx.data.test,
+                                         ctx.env.rank, ctx.env.world_size, *client_,
+                                         comm_cfg.timeout_s());
+    return *mode_;
+  }
 
-  SdpipeMode mode(trainer, task, params, test_set, env.rank, env.world_size, client,
-                  comm_cfg.timeout_s());
-  LeadReporter reporter(lead, out.get(), /*show_wire=*/false);
-  const train::RunOutcome outcome = train::RunLoop(mode, plan, reporter);
-  WriteTimeline(recorder.get(), args, env);
-
-  const double wall_s = Seconds(start);
-  if (lead) {
-    const std::vector<train::GroupDecision> decisions = scheduler.service->decisions();
+  ModeReport Report(const JobContext& /*ctx*/) override {
+    const std::vector<train::GroupDecision> decisions = scheduler_.service->decisions();
     std::map<int, int64_t> sizes;
     std::map<std::string, int64_t> kinds;
     for (const auto& d : decisions) {
@@ -202,23 +202,46 @@ void RunSdpipeWorker(const WorkerArgs& args, const JobEnv& env, const config::Jo
     }
     nlohmann::json size_hist = nlohmann::json::object();
     for (const auto& [size, count] : sizes) size_hist[std::to_string(size)] = count;
-    LogFinal(outcome, plan, wall_s);
-    PSGD_LOG_INFO("SDPIPE: {} local steps in all ranks, {} rounds; group sizes {}",
-                  decisions.empty() ? 0 : decisions.back().updates, decisions.size(),
-                  size_hist.dump());
-    if (out) {
-      SummaryInputs in{"SDPIPE", env.world_size, env.world_size,
-                       static_cast<int64_t>(batch) * env.world_size, plan.target_accuracy,
-                       wall_s, comm.transport().name(), trainer.wire_bytes()};
-      out->WriteSummary(Summary(
-          in, outcome, job,
-          {{"local_steps_all_ranks", decisions.empty() ? 0 : decisions.back().updates},
-           {"rounds", decisions.size()},
-           {"rounds_by_kind", kinds},
-           {"group_sizes", size_hist},
-           {"rank0_rounds_alone", trainer.skipped()}}));
-    }
+    const int64_t local_steps = decisions.empty() ? 0 : decisions.back().updates;
+    PSGD_LOG_INFO("SDPIPE: {} local steps in all ranks, {} rounds; group sizes {}", local_steps,
+                  decisions.size(), size_hist.dump());
+    return {"SDPIPE",
+            world_size_,
+            comm_->transport().name(),
+            trainer_->wire_bytes(),
+            {{"local_steps_all_ranks", local_steps},
+             {"rounds", decisions.size()},
+             {"rounds_by_kind", kinds},
+             {"group_sizes", size_hist},
+             {"rank0_rounds_alone", trainer_->skipped()}}};
   }
-}
+
+ private:
+  const config::Job& job_;
+  int world_size_ = 0;
+  JobModel built_;
+  std::unique_ptr<train::ClassifierTask> task_;
+  std::unique_ptr<train::StragglerObjective> objective_;
+  std::unique_ptr<collective::GroupCommunicator> comm_;
+  SchedulerEndpoint scheduler_;
+  std::unique_ptr<train::GroupSchedulerClient> client_;
+  std::unique_ptr<ClientGroups> groups_;
+  std::unique_ptr<train::SgdOptimizer> sgd_;
+  std::unique_ptr<train::SdpipeTrainer> trainer_;
+  std::unique_ptr<SdpipeMode> mode_;
+};
+
+}  // namespace
+
+extern const ModeInfo kSdpipeMode;
+const ModeInfo kSdpipeMode{
+    "train.mode = SDPIPE",
+    {.timeline = true, .compression = true},
+    [](const config::Job& job) {
+      return job.train().mode() == config::SDPIPE && job.pipeline().stages() <= 1;
+    },
+    [](const config::Job& job) -> std::unique_ptr<JobMode> {
+      return std::make_unique<SdpipeJob>(job);
+    }};
 
 }  // namespace pipesgd::job

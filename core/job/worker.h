@@ -136,9 +136,4 @@ void RunWorker(const WorkerArgs& args);
 // and in a build without the CUDA backend (config validation refuses CUDA there).
 void CheckLocalGpus(const config::Job& job, int local_ranks);
 
-// The parameter-server schemes (train.mode PS_SYNC, PS_ASYNC; core/job/ps_worker.cc): rank 0
-// serves, the other ranks train. Same outputs as RunWorker (log lines, metrics.jsonl,
-// summary.json, --timeline). Throws pipesgd::Error.
-void RunPsWorker(const WorkerArgs& args, const JobEnv& env, const config::Job& job);
-
 }  // namespace pipesgd::job

@@ -1,6 +1,6 @@
-// The job lifecycle's pieces that every training mode shares (worker.cc: RING; ps_worker.cc;
-// sdpipe_worker.cc: SDPIPE; pipeline_worker.cc: its stages), so that each mode's file is only
-// what makes that mode different. Set-up in setup.cc, outputs in worker_report.cc.
+// The job lifecycle's pieces that the job skeleton (job.cc) and the modes (ring_mode.cc,
+// ps_mode.cc, sdpipe_mode.cc, pipeline_mode.cc) share, so that each mode's file is only what
+// makes that mode different. Set-up in setup.cc, outputs in worker_report.cc.
 #pragma once
 
 #include <fcntl.h>

@@ -79,7 +79,7 @@ class DatasetMicroBatches : public MicroBatchSource {
 // When the stages average over all their replicas without asking the scheduler: at every
 // `period`-th step and at every evaluation point of `plan` (each epoch's end, every
 // eval_every_steps, the last step). Every rank knows these steps, so every stage of every
-// pipeline synchronizes and evaluates at the same step (core/job/pipeline_worker.cc says why).
+// pipeline synchronizes and evaluates at the same step (core/job/pipeline_mode.cc says why).
 class FullSyncPlan {
  public:
   // REQUIRES period >= 1, pipelines >= 1.
