@@ -15,6 +15,10 @@
 #   pg           DDP over the pipesgd backend (tcp), no hook
 #   pg_q8, pg_q4 the pipesgd backend with pipesgd's codec hook, q8 / q4 with error feedback
 #   pg_psgd4     the pipesgd backend with pipesgd's PowerSGD hook, rank 4
+#   pg_w2        Pipe-SGD width 2 (pipesgd.torch.PipelinedOptimizer instead of DDP; the default
+#                staleness compensation and 50 synchronous warm-up steps)
+#   pg_w2_q4     width 2 with q4 and error feedback inside the ring
+#   pg_w2_psgd4  width 2 with pipesgd's PowerSGD, rank 4
 # SCHEMES picks some (replacing only theirs; setup.txt gains a line per run); SEED=S runs seed S
 # into MODEL/RATE-seedS/ (seed 1: MODEL/RATE/). Raw
 # outputs (each scheme's metrics.jsonl and summary.json, rank 0's log) go to
@@ -40,7 +44,11 @@ flags_of() {  # the example's flags for SCHEME
     pg_q8) echo "--backend pipesgd --compression q8 --error-feedback" ;;
     pg_q4) echo "--backend pipesgd --compression q4 --error-feedback" ;;
     pg_psgd4) echo "--backend pipesgd --powersgd-rank 4" ;;
-    *) echo "unknown scheme '$1' (ddp ddp_fp16 ddp_psgd4 pg pg_q8 pg_q4 pg_psgd4)" >&2; return 2 ;;
+    pg_w2) echo "--backend pipesgd --width 2" ;;
+    pg_w2_q4) echo "--backend pipesgd --width 2 --compression q4 --error-feedback" ;;
+    pg_w2_psgd4) echo "--backend pipesgd --width 2 --powersgd-rank 4" ;;
+    *) echo "unknown scheme '$1' (ddp ddp_fp16 ddp_psgd4 pg pg_q8 pg_q4 pg_psgd4 pg_w2 pg_w2_q4" \
+            "pg_w2_psgd4)" >&2; return 2 ;;
   esac
 }
 

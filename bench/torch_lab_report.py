@@ -26,11 +26,15 @@ LABELS = {
     "pg_q8": "DDP, pipesgd + q8 EF hook",
     "pg_q4": "DDP, pipesgd + q4 EF hook",
     "pg_psgd4": "DDP, pipesgd + pipesgd's PowerSGD r4",
+    "pg_w2": "Pipe-SGD width 2, pipesgd",
+    "pg_w2_q4": "Pipe-SGD width 2 + q4 EF",
+    "pg_w2_psgd4": "Pipe-SGD width 2 + pipesgd's PowerSGD r4",
 }
 STYLE = {"ddp": "lc rgb '#000000' dt 2", "ddp_fp16": "lc rgb '#777777' dt 2",
          "ddp_psgd4": "lc rgb '#a6761d' dt 2", "pg": "lc rgb '#1f78b4' dt 1",
          "pg_q8": "lc rgb '#b2df8a' dt 1", "pg_q4": "lc rgb '#ff7f00' dt 1",
-         "pg_psgd4": "lc rgb '#01665e' dt 1"}
+         "pg_psgd4": "lc rgb '#01665e' dt 1", "pg_w2": "lc rgb '#e31a1c' dt 1",
+         "pg_w2_q4": "lc rgb '#6a3d9a' dt 1", "pg_w2_psgd4": "lc rgb '#b15928' dt 1"}
 DDP = ("ddp", "ddp_fp16", "ddp_psgd4")
 
 

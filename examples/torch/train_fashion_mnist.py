@@ -23,6 +23,7 @@ and at each epoch's end; with --out DIR rank 0 writes DIR/metrics.jsonl and DIR/
 pipesgd's own schema, so `pipesgd report runs/torch_q8 runs/native_q8` compares the two.
 """
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -83,7 +84,13 @@ def parse_args():
     p.add_argument("--backend", choices=["gloo", "pipesgd"], default="pipesgd")
     p.add_argument("--hook", choices=["none", "fp16", "powersgd"], default="none",
                    help="PyTorch's own DDP communication hooks")
-    p.add_argument("--width", type=int, choices=[1, 2], default=1)
+    p.add_argument("--width", type=int, choices=[1, 2], default=1,
+                   help="1: DDP; 2: Pipe-SGD (pipesgd.torch.PipelinedOptimizer, no DDP)")
+    p.add_argument("--sync-warmup-steps", type=int, default=50,
+                   help="--width 2: synchronous steps before the pipeline starts")
+    p.add_argument("--staleness-compensation", default="local_gradient",
+                   choices=["local_gradient", "momentum", "none"],
+                   help="--width 2: where each gradient is computed (docs/staleness.md)")
     p.add_argument("--compression", default="none",
                    choices=["none", "trunc16", "fp16", "q8", "q4", "sign1"],
                    help="pipesgd's codec hook (--backend pipesgd)")
@@ -96,11 +103,12 @@ def parse_args():
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist/")
     a = p.parse_args()
     # Checked before any rank connects, so every rank stops with the same message.
-    if a.width == 2:
-        p.error("--width 2: Pipe-SGD width 2 for PyTorch models arrives with the next part of "
-                "pipesgd.torch and is not available yet; use --width 1 (synchronous DDP), or "
-                "pipesgd's own jobs (pipesgd run -np 4 configs/fashion_mnist_mlp.pbtxt)")
+    if a.width == 2 and a.hook != "none":
+        p.error(f"--width 2 --hook {a.hook}: Pipe-SGD replaces DDP, so PyTorch's DDP hooks do not "
+                "apply; pipesgd's own compress the pipelined AllReduce (--compression CODEC "
+                "--error-feedback, or --powersgd-rank R)")
     for name, value, low in (("--batch", a.batch, 1), ("--epochs", a.epochs, 1),
+                             ("--sync-warmup-steps", a.sync_warmup_steps, 0),
                              ("--eval-every", a.eval_every, 0), ("--train-limit", a.train_limit, 0),
                              ("--test-limit", a.test_limit, 0)):
         if value < low:
@@ -139,15 +147,16 @@ def launcher_name():
     return "Slurm" if "SLURM_PROCID" in os.environ else "none"
 
 
-def import_pipesgd(backend, launcher):
-    """pipesgd.torch, or None where gloo can do without it (RANK etc. already set)."""
+def import_pipesgd(backend, launcher, width):
+    """pipesgd.torch, or None where gloo can do without it (RANK etc. already set, DDP)."""
     try:
         import pipesgd.torch
         return pipesgd.torch
     except ImportError as e:
-        if backend == "gloo" and launcher in ("RANK/WORLD_SIZE", "none"):
+        if backend == "gloo" and launcher in ("RANK/WORLD_SIZE", "none") and width == 1:
             return None
-        need = "--backend pipesgd" if backend == "pipesgd" else f"reading {launcher}'s ranks"
+        need = ("--backend pipesgd" if backend == "pipesgd" else "--width 2" if width == 2
+                else f"reading {launcher}'s ranks")
         sys.exit(f"{PROG}: {need} needs pipesgd.torch, which cannot be imported ({e}); set "
                  "PYTHONPATH=<build>/python (a pipesgd build configured with PyTorch)")
 
@@ -214,37 +223,22 @@ def counting(hook, count):
     return counted
 
 
-def main():
-    t0 = time.time()
-    args = parse_args()
-    torch.set_num_threads(1)  # one thread per rank, as pipesgd's workers compute
-    xtr, ytr, xte, yte = load_data(args)
-    launcher = launcher_name()
-    pt = import_pipesgd(args.backend, launcher)
-    if pt is not None:
-        pt.launch_env()
-    if launcher == "none":  # a single process, started by hand
-        for key, value in (("RANK", 0), ("WORLD_SIZE", 1), ("MASTER_ADDR", "127.0.0.1"),
-                           ("MASTER_PORT", 29500)):
-            os.environ.setdefault(key, str(value))
-    dist.init_process_group(args.backend, init_method="env://")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    b = args.batch
-    steps_per_epoch = len(xtr) // (b * world)
-    # Where every rank runs, for summary.json (a launcher's placement is checked from it).
-    placement = [None] * world
-    dist.all_gather_object(placement, (socket.gethostname(),
-                                       address_toward(os.environ.get("MASTER_ADDR", ""))))
-    if steps_per_epoch == 0:
-        sys.exit(f"{PROG}: {len(xtr)} training samples (--train-limit {args.train_limit}) are "
-                 f"fewer than one global batch of {b * world} (--batch {b} x {world} ranks)")
-
-    torch.manual_seed(args.seed)
-    model = build(args.model)
-    params = sum(q.numel() for q in model.parameters())
+def distribute(args, model, pt, count):
+    """(the module to call, its optimizer, the gradients' codec, their compression ratio):
+    DDP with a hook at --width 1, pipesgd's PipelinedOptimizer instead of DDP at --width 2."""
+    if args.width == 2:
+        opt = pt.PipelinedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum), model,
+            width=2, sync_warmup_steps=args.sync_warmup_steps,
+            compensation=args.staleness_compensation, compression=args.compression,
+            error_feedback=args.error_feedback, powersgd_rank=args.powersgd_rank)
+        if args.powersgd_rank:
+            return model, opt, f"pipesgd's PowerSGD rank {args.powersgd_rank}", None
+        if args.compression != "none":
+            ef = " + error feedback" if args.error_feedback else ""
+            return model, opt, f"pipesgd's {args.compression}{ef}", None
+        return model, opt, "none", 1.0
     ddp = nn.parallel.DistributedDataParallel(model)
-    count = {"calls": 0, "buckets": 0}
-    pipesgd_hook = args.compression != "none" or (args.powersgd_rank > 0 and args.hook == "none")
     if args.hook == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -266,6 +260,41 @@ def main():
         ratio = None
     else:
         codec, ratio = "none", 1.0
+    return ddp, torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum), codec, ratio
+
+
+def main():
+    t0 = time.time()
+    args = parse_args()
+    torch.set_num_threads(1)  # one thread per rank, as pipesgd's workers compute
+    xtr, ytr, xte, yte = load_data(args)
+    launcher = launcher_name()
+    pt = import_pipesgd(args.backend, launcher, args.width)
+    if pt is not None:
+        pt.launch_env()
+    if launcher == "none":  # a single process, started by hand
+        for key, value in (("RANK", 0), ("WORLD_SIZE", 1), ("MASTER_ADDR", "127.0.0.1"),
+                           ("MASTER_PORT", 29500)):
+            os.environ.setdefault(key, str(value))
+    dist.init_process_group(args.backend, init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    b = args.batch
+    steps_per_epoch = len(xtr) // (b * world)
+    # Where every rank runs, for summary.json (a launcher's placement is checked from it).
+    placement = [None] * world
+    dist.all_gather_object(placement, (socket.gethostname(),
+                                       address_toward(os.environ.get("MASTER_ADDR", ""))))
+    if steps_per_epoch == 0:
+        sys.exit(f"{PROG}: {len(xtr)} training samples (--train-limit {args.train_limit}) are "
+                 f"fewer than one global batch of {b * world} (--batch {b} x {world} ranks)")
+
+    torch.manual_seed(args.seed)
+    model = build(args.model)
+    params = sum(q.numel() for q in model.parameters())
+    count = {"calls": 0, "buckets": 1 if args.width == 2 else 0}
+    pipesgd_hook = args.compression != "none" or (args.powersgd_rank > 0 and args.hook == "none")
+    net, opt, codec, ratio = distribute(args, model, pt, count)
+    pipelined = args.width == 2
     describe = ""
     if args.backend == "pipesgd":
         pg = dist.distributed_c10d._get_default_group()
@@ -274,7 +303,6 @@ def main():
         describe = pg.describe() if hasattr(pg, "describe") else ""
     transport = describe.split(",")[0].split()[0] if describe else args.backend
 
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()
     lo, hi = len(xte) * rank // world, len(xte) * (rank + 1) // world
     metrics = None
@@ -292,6 +320,7 @@ def main():
     loss_sum, loss_steps, last_eval_step, last_eval_wall = 0.0, 0, 0, 0.0
     wire_window, wire_total, wire_known, wire_known_total = 0, 0, True, True
     acc = test_loss = 0.0
+    replica_checks, replicas_identical = 0, True
     for epoch in range(args.epochs):
         # The same permutation on every rank; each takes its contiguous slice of a global batch.
         perm = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(
@@ -299,8 +328,8 @@ def main():
         for s in range(steps_per_epoch):
             idx = perm[(s * world + rank) * b:(s * world + rank + 1) * b]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(xtr[idx]), ytr[idx])
-            loss.backward()  # returns once DDP has every bucket's average
+            loss = loss_fn(net(xtr[idx]), ytr[idx])
+            loss.backward()  # with DDP, returns once DDP has every bucket's average
             opt.step()
             loss_sum += loss.item()
             loss_steps += 1
@@ -321,7 +350,17 @@ def main():
                 continue
             wall = time.perf_counter() - start - eval_s
             t_eval = time.perf_counter()
-            correct, n, summed = evaluate(model, xte[lo:hi], yte[lo:hi])
+            with opt.true_weights() if pipelined else contextlib.nullcontext():
+                correct, n, summed = evaluate(model, xte[lo:hi], yte[lo:hi])
+            if pipelined:  # the replicas' true weights, compared at every evaluation
+                digests = [None] * world
+                dist.all_gather_object(digests, opt.digest())
+                replica_checks += 1
+                if len(set(digests)) != 1:
+                    replicas_identical = False
+                    if rank == 0:
+                        print(f"{PROG}: step {step}: the replicas differ (digests {digests})",
+                              file=sys.stderr, flush=True)
             t = torch.tensor([correct, n, summed, loss_sum, loss_steps], dtype=torch.float64)
             dist.all_reduce(t)
             eval_s += time.perf_counter() - t_eval
@@ -345,6 +384,8 @@ def main():
             loss_sum, loss_steps, last_eval_step, last_eval_wall = 0.0, 0, step, wall
             wire_window, wire_known = 0, True
     train_s = time.perf_counter() - start - eval_s
+    if pipelined:
+        opt.finish()  # no AllReduce left in flight when the group goes
     steady = max(step - WARMUP_STEPS, 0)
 
     if rank == 0:
@@ -354,7 +395,7 @@ def main():
         metrics.close()
         version = pt._torch.version() if pt is not None else "unknown"
         summary = {
-            "mode": "TORCH_DDP", "final_test_accuracy": acc, "final_test_loss": test_loss,
+            "mode": "TORCH_PIPE_SGD" if pipelined else "TORCH_DDP", "final_test_accuracy": acc, "final_test_loss": test_loss,
             "steps": step, "evaluations": evaluations, "world_size": world, "workers": world,
             "global_batch": b * world,
             # No target in this example: pipesgd's convention for "none".
@@ -374,12 +415,18 @@ def main():
                         "backend_describe": describe, "hook": args.hook, "gradients": codec,
                         "model": args.model, "parameters": params,
                         "rank_addresses": [a for _, a in placement],
-                        "buckets": count["buckets"] if pipesgd_hook else None},
+                        "buckets": count["buckets"] if pipesgd_hook else None,
+                        "replica_checks": replica_checks if pipelined else None,
+                        "replicas_identical": replicas_identical if pipelined else None,
+                        "wait_aggregate_s": opt.wait_s if pipelined else None},
             "config": {
                 "comm": {"compression": "fp16" if args.hook == "fp16" else args.compression,
                          "error_feedback": args.error_feedback,
                          "powersgd_rank": args.powersgd_rank, "transport": transport},
                 "train": {"pipeline_width": args.width, "batch_size": b,
+                          "sync_warmup_steps": args.sync_warmup_steps if pipelined else 0,
+                          "staleness_compensation": args.staleness_compensation.upper()
+                          if pipelined else "NONE",
                           "learning_rate": args.lr, "momentum": args.momentum,
                           "seed": args.seed, "epochs": args.epochs,
                           "eval_every_steps": args.eval_every},

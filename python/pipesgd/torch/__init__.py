@@ -10,6 +10,8 @@ as a job's: as a dict given to init_process_group(pg_options={"transport": "ucx"
 PIPESGD_COMM environment variable ("transport=ucx,chunk_bytes=auto"; the dict wins). Every rank
 must pass the same settings; a rank that does not is named on every rank before anything
 connects.
+
+Pipe-SGD for any model: PipelinedOptimizer (pipeline.py), used instead of DDP.
 """
 import datetime
 import os
@@ -20,6 +22,7 @@ from pipesgd import _torch
 from pipesgd._torch import ProcessGroupPipesgd  # noqa: F401 (re-exported)
 from pipesgd.torch.hooks import (  # noqa: F401 (re-exported)
     CodecState, PowerSgdState, codec_hook, powersgd_hook, wire_stats)
+from pipesgd.torch.pipeline import PipelinedOptimizer  # noqa: F401 (re-exported)
 
 BACKEND = "pipesgd"
 

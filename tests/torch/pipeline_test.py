@@ -1,0 +1,295 @@
+"""Pipe-SGD for PyTorch (pipesgd.torch.PipelinedOptimizer): the width-2 recurrence to the bit
+against a reference written out step by step in one process; evaluation on the true weights;
+replicas bitwise identical on 4 ranks with and without codecs; a checkpoint taken with an
+AllReduce in flight resumes bitwise; the plain average over gloo gives the same bits as over
+pipesgd; bad arguments named.
+
+Run: PYTHONPATH=<build>/python python3 tests/torch/pipeline_test.py
+"""
+import io
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import init_method, run_ranks, values  # noqa: E402
+
+LR, MOMENTUM = 0.05, 0.9
+
+
+def _model(seed=3):
+    import torch
+    import torch.nn as nn
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def _batch(rank, step, batch=16):
+    """Pseudo-data of (rank, step) alone, so a resumed run sees the same batches."""
+    import torch
+    g = torch.Generator().manual_seed(100003 * rank + step)
+    teacher = torch.randn(784, 10, generator=torch.Generator().manual_seed(7))
+    x = torch.randn(batch, 784, generator=g)
+    return x, (x @ teacher).argmax(1)
+
+
+def _flat(model):
+    import torch
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _out(t):
+    """A tensor as the parent can receive it (torch's queue would share its storage by a file
+    descriptor that dies with the rank)."""
+    return t.detach().numpy().copy()
+
+
+def _grad_at(model, flat, rank, step):
+    """This rank's gradient of `step` at the weights `flat` (the ranks' own computation)."""
+    import torch
+    with torch.no_grad():
+        o = 0
+        for p in model.parameters():
+            p.copy_(flat[o:o + p.numel()].view_as(p))
+            o += p.numel()
+    model.zero_grad()
+    x, y = _batch(rank, step)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+class _Sgd:
+    """torch.optim.SGD on a flat copy of the weights: Apply(w, g) of the recurrence."""
+
+    def __init__(self, flat):
+        import torch
+        self.w = flat.clone().requires_grad_(True)
+        self.opt = torch.optim.SGD([self.w], lr=LR, momentum=MOMENTUM)
+
+    def apply(self, g):
+        self.w.grad = g.clone()
+        self.opt.step()
+
+    def copy(self):
+        other = _Sgd(self.w.detach())
+        other.opt.load_state_dict(self.opt.state_dict())
+        return other
+
+
+def reference(world, steps, warmup, compensation):
+    """The recurrence of python/pipesgd/torch/pipeline.py written out, every rank in one
+    process; G is the average as 2 ranks' ring computes it, (g_0 + g_1) / 2. Returns the true
+    weights after each step and each rank's prediction after the last."""
+    import torch
+    model = _model()
+    true = _Sgd(_flat(model))
+    last_local, pending, out = None, None, []
+    predictions = None
+    for t in range(steps):
+        w = true.w.detach().clone()
+        if t < warmup:
+            grads = [_grad_at(model, w, r, t) for r in range(world)]
+            true.apply(sum(grads[1:], grads[0]) / world)
+        else:
+            points = []
+            for r in range(world):
+                if t == warmup or compensation == "none":
+                    points.append(w)
+                else:
+                    ahead = true.copy()
+                    ahead.apply(last_local[r] if compensation == "local_gradient"
+                                else torch.zeros_like(w))
+                    points.append(ahead.w.detach().clone())
+            grads = [_grad_at(model, points[r], r, t) for r in range(world)]
+            if pending is not None:
+                true.apply(pending)
+            pending = sum(grads[1:], grads[0]) / world
+            last_local = grads
+            if compensation != "none":
+                predictions = []
+                for r in range(world):
+                    ahead = true.copy()
+                    ahead.apply(grads[r] if compensation == "local_gradient"
+                                else torch.zeros_like(w))
+                    predictions.append(ahead.w.detach().clone())
+        out.append(true.w.detach().clone())
+    return out, predictions
+
+
+def _optimizer(model, **kw):
+    import torch
+    from pipesgd.torch import PipelinedOptimizer
+    return PipelinedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
+                              model, **kw)
+
+
+def _steps(opt, model, rank, first, last):
+    import torch
+    for t in range(first, last):
+        opt.zero_grad()
+        x, y = _batch(rank, t)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def run_recurrence(rank, world, steps, warmup, compensation, backend):
+    """Per step: the weights seen inside true_weights(); at the end the prediction in the model."""
+    import torch.distributed as dist
+    import pipesgd.torch  # noqa: F401
+    dist.init_process_group(backend, init_method=init_method(), rank=rank, world_size=world)
+    model = _model(seed=3 + rank)  # rank 0's weights reach every rank at construction
+    opt = _optimizer(model, width=2, sync_warmup_steps=warmup, compensation=compensation)
+    seen = []
+    for t in range(steps):
+        _steps(opt, model, rank, t, t + 1)
+        with opt.true_weights():
+            seen.append(_out(_flat(model)))
+    prediction = _out(_flat(model))
+    opt.finish()
+    dist.destroy_process_group()
+    return seen, prediction
+
+
+def run_replicas(rank, world, kw, steps):
+    """Digests of the true weights every step, and the true weights at the end."""
+    import torch.distributed as dist
+    import pipesgd.torch  # noqa: F401
+    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
+    model = _model()
+    opt = _optimizer(model, **kw)
+    digests = []
+    for t in range(steps):
+        _steps(opt, model, rank, t, t + 1)
+        digests.append(opt.digest())
+    with opt.true_weights():
+        final = _flat(model)
+    opt.finish()
+    dist.destroy_process_group()
+    return digests, _out(final), opt.applied
+
+
+def run_checkpoint(rank, world, stop, steps):
+    """An uninterrupted run, and one saved after `stop` steps (its AllReduce in flight) and
+    resumed by a fresh model and optimizer: both end with the same weights?"""
+    import torch
+    import torch.distributed as dist
+    import pipesgd.torch  # noqa: F401
+    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
+    model = _model()
+    opt = _optimizer(model, width=2, sync_warmup_steps=2)
+    _steps(opt, model, rank, 0, stop)
+    saved = io.BytesIO()
+    torch.save(opt.state_dict(), saved)  # waits for the AllReduce in flight, applies nothing
+    _steps(opt, model, rank, stop, steps)
+    with opt.true_weights():
+        uninterrupted = _flat(model)
+    opt.finish()
+    resumed_model = _model(seed=99)  # other weights: the checkpoint must replace them
+    resumed = _optimizer(resumed_model, width=2, sync_warmup_steps=2)
+    saved.seek(0)
+    resumed.load_state_dict(torch.load(saved))
+    _steps(resumed, resumed_model, rank, stop, steps)
+    with resumed.true_weights():
+        after = _flat(resumed_model)
+    resumed.finish()
+    dist.destroy_process_group()
+    return _out(uninterrupted), _out(after)
+
+
+def run_gloo_and_pipesgd(rank, world, steps):
+    import torch.distributed as dist
+    import pipesgd.torch  # noqa: F401
+    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    out = []
+    for group in (None, gloo):
+        model = _model()
+        opt = _optimizer(model, width=2, sync_warmup_steps=2, process_group=group)
+        _steps(opt, model, rank, 0, steps)
+        opt.finish()
+        out.append(_out(_flat(model)))
+    dist.destroy_process_group()
+    return out
+
+
+def run_bad_arguments(rank, world):
+    import torch.distributed as dist
+    import pipesgd.torch  # noqa: F401
+    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    messages = []
+    for kw in ({"width": 3}, {"compensation": "hessian"}, {"compression": "q3"},
+               {"compression": "q8", "process_group": gloo}, {"error_feedback": True},
+               {"powersgd_rank": 4, "compression": "q8"}, {"sync_warmup_steps": -1}):
+        try:
+            _optimizer(_model(), **kw)
+            messages.append(None)
+        except ValueError as e:
+            messages.append(str(e))
+    dist.destroy_process_group()
+    return messages
+
+
+class PipelineTest(unittest.TestCase):
+    def test_recurrence_to_the_bit_against_the_reference(self):
+        import torch
+        steps, warmup = 9, 3
+        for compensation in ("local_gradient", "momentum", "none"):
+            with self.subTest(compensation=compensation):
+                want, predictions = reference(2, steps, warmup, compensation)
+                got = values(run_ranks(run_recurrence, 2, steps, warmup, compensation,
+                                       "pipesgd"), self)
+                for rank, (seen, prediction) in enumerate(got):
+                    for t in range(steps):
+                        self.assertTrue(torch.equal(torch.from_numpy(seen[t]), want[t]),
+                                        f"rank {rank} step {t}: true weights differ from the "
+                                        f"reference by {(torch.from_numpy(seen[t]) - want[t]).abs().max()}")
+                    if predictions is not None:  # the model holds e_p between steps
+                        self.assertTrue(torch.equal(torch.from_numpy(prediction), predictions[rank]))
+                # The pipeline moves: the last true weights are not width 1's.
+                self.assertFalse(torch.equal(want[-1], want[-2]))
+
+    def test_replicas_bitwise_identical_on_four_ranks(self):
+        import torch
+        for kw in ({"width": 2, "sync_warmup_steps": 3},
+                   {"width": 2, "sync_warmup_steps": 3, "compression": "q4",
+                    "error_feedback": True},
+                   {"width": 2, "sync_warmup_steps": 0, "powersgd_rank": 2},
+                   {"width": 1, "compression": "q8", "error_feedback": True}):
+            with self.subTest(**kw):
+                got = values(run_ranks(run_replicas, 4, kw, 12), self)
+                for rank in range(1, 4):
+                    self.assertEqual(got[rank][0], got[0][0], f"rank {rank}'s digests")
+                    self.assertTrue((got[rank][1] == got[0][1]).all())
+                # Every step changes the weights but the first pipelined one, which applies
+                # nothing (after a warm-up, its true weights are the last warm-up step's).
+                pause = 1 if kw["width"] == 2 and kw["sync_warmup_steps"] > 0 else 0
+                self.assertEqual(len(set(got[0][0])), 12 - pause)
+                # Width 2 has one aggregate in flight after each step; finish() applied it.
+                self.assertEqual(got[0][2], 12)
+
+    def test_checkpoint_with_an_allreduce_in_flight_resumes_bitwise(self):
+        import torch
+        got = values(run_ranks(run_checkpoint, 2, 6, 11), self)
+        for rank, (uninterrupted, resumed) in enumerate(got):
+            self.assertTrue((uninterrupted == resumed).all(), f"rank {rank}")
+        self.assertTrue((got[0][0] == got[1][0]).all())
+
+    def test_the_average_over_gloo_is_the_same_bits(self):
+        import torch
+        got = values(run_ranks(run_gloo_and_pipesgd, 2, 8), self)
+        for rank, (on_pipesgd, on_gloo) in enumerate(got):
+            self.assertTrue((on_pipesgd == on_gloo).all(), f"rank {rank}")
+
+    def test_bad_arguments_are_named(self):
+        got = values(run_ranks(run_bad_arguments, 2), self)[0]
+        expect = ["width 3", "compensation 'hessian'", "compression 'q3'",
+                  "need a process group of the pipesgd backend", "error_feedback needs",
+                  "choose one", "sync_warmup_steps -1"]
+        for message, words in zip(got, expect):
+            self.assertIsNotNone(message, words)
+            self.assertIn(words, message)
+
+
+if __name__ == "__main__":
+    unittest.main()
