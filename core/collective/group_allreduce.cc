@@ -16,10 +16,7 @@ GroupCommunicator::GroupCommunicator(std::unique_ptr<transport::Transport> trans
       options_(options) {
   PSGD_CHECK_EQ(static_cast<int>(addresses_.size()), world_size);
   rank_ = transport_->rank();
-  if (options.chunk_bytes % sizeof(float) != 0) {
-    Throw(ErrorCode::kInvalidArgument,
-          "chunk_bytes = {}: expected a positive multiple of 4, or 0 (auto)", options.chunk_bytes);
-  }
+  CheckChunkBytes(options.chunk_bytes);
   if (options.streams < 1 || options.streams > 64) {
     Throw(ErrorCode::kInvalidArgument, "streams = {}: expected an integer in [1, 64]",
           options.streams);

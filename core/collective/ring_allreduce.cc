@@ -1,12 +1,14 @@
 #include "core/collective/ring_allreduce.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 
 #include "core/base/check.h"
 #include "core/base/error.h"
 #include "core/base/log.h"
+#include "core/collective/ring_wire.h"
 
 namespace pipesgd::collective {
 
@@ -67,6 +69,13 @@ uint64_t AutoChunkBytes(uint64_t count, int world_size) {
   return std::bit_floor(target);
 }
 
+void CheckChunkBytes(uint64_t chunk_bytes) {
+  if (chunk_bytes % sizeof(float) != 0) {
+    Throw(ErrorCode::kInvalidArgument,
+          "chunk_bytes = {}: expected a positive multiple of 4, or 0 (auto)", chunk_bytes);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Communicator
 
@@ -75,10 +84,7 @@ std::unique_ptr<Communicator> Communicator::Create(
     const std::vector<std::string>& addresses, const CommunicatorOptions& options,
     Deadline deadline) {
   PSGD_CHECK_EQ(static_cast<int>(addresses.size()), world_size);
-  if (options.chunk_bytes % sizeof(float) != 0) {
-    Throw(ErrorCode::kInvalidArgument,
-          "chunk_bytes = {}: expected a positive multiple of 4, or 0 (auto)", options.chunk_bytes);
-  }
+  CheckChunkBytes(options.chunk_bytes);
   if (options.streams < 1 || options.streams > 64) {
     Throw(ErrorCode::kInvalidArgument, "streams = {}: expected an integer in [1, 64]",
           options.streams);
@@ -115,10 +121,7 @@ std::unique_ptr<Communicator> Communicator::CreateOnConnections(
   PSGD_CHECK(ring_size >= 1 && ring_pos >= 0 && ring_pos < ring_size);
   PSGD_CHECK_EQ(left.size(), right.size());
   PSGD_CHECK(ring_size == 1 || !left.empty());
-  if (options.chunk_bytes % sizeof(float) != 0) {
-    Throw(ErrorCode::kInvalidArgument,
-          "chunk_bytes = {}: expected a positive multiple of 4, or 0 (auto)", options.chunk_bytes);
-  }
+  CheckChunkBytes(options.chunk_bytes);
   std::unique_ptr<Communicator> comm(new Communicator());
   if (options.codec.kind != CodecKind::kNone) comm->codec_ = MakeCodec(options.codec);
   comm->rank_ = transport->rank();
@@ -137,10 +140,7 @@ std::unique_ptr<Communicator> Communicator::CreateOnConnections(
 }
 
 void Communicator::Retune(uint64_t chunk_bytes, int streams) {
-  if (chunk_bytes % sizeof(float) != 0) {
-    Throw(ErrorCode::kInvalidArgument,
-          "chunk_bytes = {}: expected a positive multiple of 4, or 0 (auto)", chunk_bytes);
-  }
+  CheckChunkBytes(chunk_bytes);
   const int in_use = left_.empty() ? 1 : static_cast<int>(left_.size());
   PSGD_CHECK_GE(streams, 1);
   PSGD_CHECK_LE(streams, in_use);
@@ -278,10 +278,14 @@ void Communicator::PrepareErrorFeedback(uint64_t head) {
   residual_.assign(head, 0.0f);
 }
 
-void Communicator::WaitFor(transport::Op& o, int peer, Deadline deadline, const char* what,
+void Communicator::WaitFor(transport::Op& o, WaitOn what, Deadline deadline,
                            const std::atomic<bool>* abort) {
-  waiting_on_ = peer;
-  transport_->Wait(o, deadline, what, abort);
+  const bool from_left = what != WaitOn::kSend;
+  waiting_on_ = (from_left ? left_ : right_)[0]->peer_rank();
+  const std::string& text = what == WaitOn::kHeader    ? wait_header_
+                            : what == WaitOn::kPayload ? wait_payload_
+                                                       : wait_send_;
+  transport_->Wait(o, deadline, text.c_str(), abort);
   waiting_on_ = -1;
 }
 
@@ -385,248 +389,185 @@ Error Communicator::Blamed(const Error& error, uint64_t seq, Deadline deadline) 
   return blamed;
 }
 
-void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
-                       const std::atomic<bool>* abort, const AllReduceOptions& call,
-                       uint64_t seq) {
-  const int n = world_size_;
-  if (data.empty()) {
-    // Nothing to reduce, but neighbours must still agree: one header each way, so a rank that
-    // calls with 0 elements while its neighbour has N fails by name instead of by timeout.
-    if (send_slots_.empty()) send_slots_.resize(1);
-    SendSlot& slot = send_slots_[0];
-    PostChunk(slot, seq, op, 0, 0, CodecKind::kNone, nullptr, 0);
-    ChunkHeader& header = recv_headers_[0];
-    transport::Op& recv = recv_header_ops_[0];
-    recv.Set(&header, sizeof(ChunkHeader));
-    left_[0]->PostRecv(recv);
-    WaitFor(recv, left_[0]->peer_rank(), deadline, wait_header_.c_str(), abort);
-    ThrowIfAbortNotice(header, 0, seq);
-    CheckHeader(header, seq, op, 0, 0, CodecKind::kNone, 0);
-    WaitFor(slot.op, right_[0]->peer_rank(), deadline, wait_send_.c_str(), abort);
-    return;
+namespace {
+// The ring's schedule (Patarasuk and Yuan's bandwidth-optimal ring): 2(N-1) steps to the right,
+// step k < N-1 reduce-scatter step k, step k >= N-1 all-gather step k-(N-1). Ring position r
+// sends block r-k and receives block r-1-k in reduce-scatter step k, sends r+1-j and receives
+// r-j in all-gather step j (mod N). Each step's chunks are numbered on from the step before's,
+// per direction, as they go on the wire.
+class RingSchedule {
+ public:
+  RingSchedule(const RingPlan& plan, int ring_pos)
+      : n_(plan.world_size()), r_(ring_pos), steps_(2 * (plan.world_size() - 1)) {
+    if (steps_ + 1 > static_cast<int>(send_small_.size())) {
+      send_big_.resize(steps_ + 1);
+      recv_big_.resize(steps_ + 1);
+      send_base_ = send_big_.data();
+      recv_base_ = recv_big_.data();
+    }
+    send_base_[0] = recv_base_[0] = 0;
+    for (int k = 0; k < steps_; ++k) {
+      send_base_[k + 1] = send_base_[k] + plan.ChunksInBlock(SendBlock(k));
+      recv_base_[k + 1] = recv_base_[k] + plan.ChunksInBlock(RecvBlock(k));
+    }
   }
+  RingSchedule(const RingSchedule&) = delete;
+  RingSchedule& operator=(const RingSchedule&) = delete;
 
-  const int r = ring_pos_;
+  int steps() const { return steps_; }
+  bool ReduceScatter(int k) const { return k < n_ - 1; }
+  int SendBlock(int k) const { return ReduceScatter(k) ? Mod(r_ - k) : Mod(r_ + 1 - (k - (n_ - 1))); }
+  int RecvBlock(int k) const { return ReduceScatter(k) ? Mod(r_ - 1 - k) : Mod(r_ - (k - (n_ - 1))); }
+  uint64_t SendIndex(int k, uint64_t chunk) const { return send_base_[k] + chunk; }
+  uint64_t RecvIndex(int k, uint64_t chunk) const { return recv_base_[k] + chunk; }
+  uint64_t sends() const { return send_base_[steps_]; }
+  uint64_t recvs() const { return recv_base_[steps_]; }
+
+ private:
+  int Mod(int x) const { return ((x % n_) + n_) % n_; }
+
+  int n_, r_, steps_;
+  // Up to 32 ranks without a heap allocation: steady-state AllReduces allocate nothing.
+  std::array<uint64_t, 64> send_small_{}, recv_small_{};
+  std::vector<uint64_t> send_big_, recv_big_;
+  uint64_t* send_base_ = send_small_.data();
+  uint64_t* recv_base_ = recv_small_.data();
+};
+}  // namespace
+
+void Communicator::Run(std::span<float> data, ReduceOp op, Deadline deadline,
+                       const std::atomic<bool>* abort, const AllReduceOptions& options,
+                       uint64_t seq) {
+  if (data.empty()) return AgreeOnNothing(op, deadline, abort, seq);
+  const int n = world_size_;
   const uint64_t chunk_bytes = options_.chunk_bytes != CommunicatorOptions::kAutoChunkBytes
                                    ? options_.chunk_bytes
                                    : AutoChunkBytes(data.size(), n);
   // Elements [0, head) travel encoded when this call compresses; the rest as float32.
-  const uint64_t head = data.size() - call.exact_tail;
-  const bool compress = codec_ != nullptr && call.compress && head > 0 &&
+  const uint64_t head = data.size() - options.exact_tail;
+  const bool compress = codec_ != nullptr && options.compress && head > 0 &&
                         head * sizeof(float) >= options_.compression_min_bytes;
-  const RingPlan plan(data.size(), n, chunk_bytes / sizeof(float),
-                      compress ? head : data.size());
-  const CodecKind kind = compress ? codec_->kind() : CodecKind::kNone;
+  const RingPlan plan(data.size(), n, chunk_bytes / sizeof(float), compress ? head : data.size());
+  const RingSchedule ring(plan, ring_pos_);
+  const RingCall call{data, seq, op, ring_pos_, n};
+  RawWire raw(*this, call);
+  CodedWire coded(*this, call, compress && options_.error_feedback);
+  auto wire_of = [&](const Range& range) -> ChunkWire& {
+    if (compress && range.offset < head) return coded;
+    return raw;
+  };
   stats_.compressed = compress;
-  auto coded = [&](const Range& range) { return compress && range.offset < head; };
-  auto wire_bytes = [&](const Range& range) -> uint64_t {
-    return coded(range) ? codec_->EncodedBytes(range.count) : range.count * sizeof(float);
-  };
-  auto mod = [n](int x) { return ((x % n) + n) % n; };
-  // The stream to the right is 2(N-1) ring steps; step k < N-1 is reduce-scatter step k,
-  // step k >= N-1 all-gather step k-(N-1). Which block each step carries, as sent by this rank
-  // and as received from the left neighbour (rank r-1):
-  const int steps = 2 * (n - 1);
-  auto send_block = [&](int k) { return k < n - 1 ? mod(r - k) : mod(r + 1 - (k - (n - 1))); };
-  auto recv_block = [&](int k) { return k < n - 1 ? mod(r - 1 - k) : mod(r - (k - (n - 1))); };
-  // Index of a step's first chunk within each stream.
-  std::array<uint64_t, 64> send_base_small{}, recv_base_small{};
-  std::vector<uint64_t> send_base_big, recv_base_big;
-  uint64_t* send_base = send_base_small.data();
-  uint64_t* recv_base = recv_base_small.data();
-  if (steps + 1 > 64) {
-    send_base_big.resize(steps + 1);
-    recv_base_big.resize(steps + 1);
-    send_base = send_base_big.data();
-    recv_base = recv_base_big.data();
-  }
-  send_base[0] = recv_base[0] = 0;
-  // Encoded bytes: the chunks this rank encodes (reduce-scatter sends and the owned block's
-  // all-gather send; all-gather forwards resend received bytes) and the chunks it receives.
-  uint64_t send_arena_bytes = 0, recv_arena_bytes = 0;
-  for (int k = 0; k < steps; ++k) {
-    send_base[k + 1] = send_base[k] + plan.ChunksInBlock(send_block(k));
-    recv_base[k + 1] = recv_base[k] + plan.ChunksInBlock(recv_block(k));
-    if (!compress) continue;
-    for (uint64_t c = 0; c < plan.ChunksInBlock(recv_block(k)); ++c) {
-      const Range range = plan.Chunk(recv_block(k), c);
-      if (coded(range)) recv_arena_bytes += wire_bytes(range);
-    }
-    if (k > n - 1) continue;
-    for (uint64_t c = 0; c < plan.ChunksInBlock(send_block(k)); ++c) {
-      const Range range = plan.Chunk(send_block(k), c);
-      if (coded(range)) send_arena_bytes += wire_bytes(range);
-    }
-  }
-  const uint64_t total_sends = send_base[steps];
-  const uint64_t total_recvs = recv_base[steps];
 
-  // Grow the reusable buffers (only when a call is larger than any before).
-  if (send_slots_.size() < total_sends) send_slots_.resize(total_sends);
-  const uint64_t max_chunk = std::min<uint64_t>(chunk_bytes / sizeof(float), plan.Block(0).count);
-  Reserve(scratch_, max_chunk, scratch_region_);
-  const bool feedback = compress && options_.error_feedback;
+  // The reusable buffers grow only when a call is larger than any before.
+  if (send_slots_.size() < ring.sends()) send_slots_.resize(ring.sends());
+  Reserve(scratch_, std::min<uint64_t>(chunk_bytes / sizeof(float), plan.Block(0).count),
+          scratch_region_);
   if (compress) {
-    Reserve(send_arena_, send_arena_bytes, send_arena_region_);
-    Reserve(recv_arena_, recv_arena_bytes, recv_arena_region_);
-    if (feedback) PrepareErrorFeedback(head);
+    // Arena bytes: the chunks this rank encodes (its reduce-scatter sends and its own block's
+    // all-gather send; the other all-gather sends forward received bytes) and those it receives.
+    uint64_t send_bytes = 0, recv_bytes = 0;
+    auto coded_bytes = [&](int block) {
+      uint64_t bytes = 0;
+      for (uint64_t c = 0; c < plan.ChunksInBlock(block); ++c) {
+        const Range range = plan.Chunk(block, c);
+        if (range.offset < head) bytes += coded.WireBytes(range.count);
+      }
+      return bytes;
+    };
+    for (int k = 0; k < ring.steps(); ++k) {
+      recv_bytes += coded_bytes(ring.RecvBlock(k));
+      if (k <= n - 1) send_bytes += coded_bytes(ring.SendBlock(k));
+    }
+    Reserve(send_arena_, send_bytes, send_arena_region_);
+    Reserve(recv_arena_, recv_bytes, recv_arena_region_);
+    if (options_.error_feedback) PrepareErrorFeedback(head);
   }
-
-  uint64_t send_arena_used = 0, recv_arena_used = 0;
-  // Sends chunk `index`, data[range], as float32 or encoded into its own send-arena region.
-  // `owner_average`: the owner's encode of an averaged block, whose residual is kept in summed
-  // units like every other (see AllReduce): e / N goes in, N (x - decoded) comes out.
-  auto post_send = [&](uint64_t index, const Range& range, bool owner_average = false) {
-    const float* values = data.data() + range.offset;
-    stats_.raw_payload_bytes += range.count * sizeof(float);
-    if (!coded(range)) {
-      timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(index));
-      PostChunk(send_slots_[index], seq, op, data.size(), index, CodecKind::kNone, values,
-                range.count * sizeof(float));
-      return std::span<const std::byte>();
-    }
-    std::span<std::byte> bytes(send_arena_.data() + send_arena_used, wire_bytes(range));
-    send_arena_used += bytes.size();
-    // Error feedback at every encode (see AllReduce): this rank's residual of these elements
-    // goes into the value it encodes, and what the encode loses becomes the new residual.
-    const std::span<float> x(data.data() + range.offset, range.count);
-    const std::span<float> e =
-        feedback ? std::span<float>(residual_.data() + range.offset, range.count)
-                 : std::span<float>();
-    const float divisor = owner_average ? static_cast<float>(n) : 1.0f;
-    for (uint64_t i = 0; i < e.size(); ++i) x[i] += e[i] / divisor;
-    try {
-      timeline::Span span(timeline_, timeline::kComm, "encode", static_cast<int64_t>(index));
-      // Distinct noise per (collective, rank, chunk) for stochastic rounding.
-      const uint64_t stream = (seq * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(r) << 48) ^ index;
-      stats_.saturated += codec_->Encode(x, bytes, stream).saturated;
-    } catch (const Error& error) {
-      throw error.Wrap(fmt::format("rank {}: compressing elements [{}, {}) of collective #{}", r,
-                                   range.offset, range.offset + range.count, seq));
-    }
-    {
-      timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(index));
-      PostChunk(send_slots_[index], seq, op, data.size(), index, kind, bytes.data(), bytes.size());
-    }
-    if (feedback) {
-      // After the send is posted, off the ring's critical path. x ends as the decoded value:
-      // the block owner keeps exactly that, and every other block is overwritten by the
-      // all-gather.
-      timeline::Span span(timeline_, timeline::kComm, "feedback", static_cast<int64_t>(index));
-      std::copy(x.begin(), x.end(), e.begin());
-      codec_->Decode(bytes, x);
-      for (uint64_t i = 0; i < e.size(); ++i) e[i] = (e[i] - x[i]) * divisor;
-    }
-    return std::span<const std::byte>(bytes);
-  };
-  const int left_rank = left_[0]->peer_rank();
-  const int right_rank = right_[0]->peer_rank();
-  auto wait = [&](transport::Op& o, const char* what) {
-    WaitFor(o, what == wait_send_.c_str() ? right_rank : left_rank, deadline, what, abort);
-  };
 
   // Reduce-scatter step 0: this rank's own block goes out whole, right away.
-  {
-    const int b = send_block(0);
-    for (uint64_t c = 0; c < plan.ChunksInBlock(b); ++c) post_send(c, plan.Chunk(b, c));
+  const int own = ring.SendBlock(0);
+  for (uint64_t c = 0; c < plan.ChunksInBlock(own); ++c) {
+    const Range range = plan.Chunk(own, c);
+    wire_of(range).Send(ring.SendIndex(0, c), range, false);
   }
-
-  // Headers are received one chunk ahead of payloads, into two alternating buffers, so the
-  // next header is already queued while a payload arrives.
-  // Members, not locals: after an error the ops are still queued on their connections until
-  // NotifyAndClose closes them, which happens after this frame unwinds.
-  ChunkHeader* headers = recv_headers_;
-  transport::Op* header_ops = recv_header_ops_;
-  transport::Op& payload_op = recv_payload_op_;
-  if (total_recvs > 0) {
-    header_ops[0].Set(&headers[0], sizeof(ChunkHeader));
-    left_[0]->PostRecv(header_ops[0]);
-  }
-  for (int k = 0; k < steps; ++k) {
-    const int b = recv_block(k);
-    const bool reduce_scatter = k < n - 1;
-    for (uint64_t c = 0; c < plan.ChunksInBlock(b); ++c) {
-      const uint64_t index = recv_base[k] + c;
-      const Range range = plan.Chunk(b, c);
-      const bool encoded = coded(range);
-      const uint64_t bytes = wire_bytes(range);
-      timeline::Span wait_span(timeline_, timeline::kComm, "wait", static_cast<int64_t>(index));
-      wait(header_ops[index % 2], wait_header_.c_str());
-      ThrowIfAbortNotice(headers[index % 2], index % left_.size(), seq);
-      CheckHeader(headers[index % 2], seq, op, data.size(), index,
-                  encoded ? kind : CodecKind::kNone, bytes);
-
-      float* values = data.data() + range.offset;
-      void* target = scratch_.data();
-      if (encoded) {
-        target = recv_arena_.data() + recv_arena_used;
-        recv_arena_used += bytes;
-      } else if (!reduce_scatter) {
-        // All-gather writes the final values in place; the reduce-scatter send that last read
-        // this chunk (step k-(N-1)) must be off our hands first. By causality it already is.
-        target = values;
-        wait(send_slots_[send_base[k - (n - 1)] + c].op, wait_send_.c_str());
-      }
-      // Chunk i travels on stream i mod k; per stream the order is header, payload, next
-      // header, as the sender wrote them.
-      const size_t streams = left_.size();
-      payload_op.Set(target, bytes);
-      left_[index % streams]->PostRecv(payload_op);
-      if (index + 1 < total_recvs) {
-        header_ops[(index + 1) % 2].Set(&headers[(index + 1) % 2], sizeof(ChunkHeader));
-        left_[(index + 1) % streams]->PostRecv(header_ops[(index + 1) % 2]);
-      }
-      wait(payload_op, wait_payload_.c_str());
-      wait_span.End();
-      const std::span<const std::byte> received(static_cast<const std::byte*>(target), bytes);
-
-      if (reduce_scatter) {
+  // Headers are received one chunk ahead of payloads (two alternating buffers), so the next
+  // header is already queued while a payload arrives.
+  if (ring.recvs() > 0) PostHeaderReceive(0);
+  for (int k = 0; k < ring.steps(); ++k) {
+    const int block = ring.RecvBlock(k);
+    for (uint64_t c = 0; c < plan.ChunksInBlock(block); ++c) {
+      const Range range = plan.Chunk(block, c);
+      ChunkWire& wire = wire_of(range);
+      const uint64_t index = ring.RecvIndex(k, c);
+      const std::span<float> values = data.subspan(range.offset, range.count);
+      if (ring.ReduceScatter(k)) {
+        const auto received = ReceiveChunk(call, wire, index, ring.recvs(), range, true,
+                                           nullptr, deadline, abort);
+        const bool owner = k == n - 2;  // the block's sum is complete here
+        const bool average = owner && op == ReduceOp::kAverage;
         {
           timeline::Span span(timeline_, timeline::kComm, "reduce", static_cast<int64_t>(index));
-          if (encoded) {
-            codec_->DecodeAdd(received, {values, range.count});
-          } else {
-            const float* src = scratch_.data();
-            for (uint64_t i = 0; i < range.count; ++i) values[i] += src[i];
-          }
-          if (k == n - 2 && op == ReduceOp::kAverage) {
+          wire.Reduce(received, values);
+          if (average) {
             const float divisor = static_cast<float>(n);
-            for (uint64_t i = 0; i < range.count; ++i) values[i] /= divisor;
+            for (float& v : values) v /= divisor;
           }
         }
-        if (k + 1 < steps) {
-          std::span<const std::byte> sent =
-              post_send(send_base[k + 1] + c, range, k == n - 2 && op == ReduceOp::kAverage);
-          // The owner keeps what everyone else will decode, so every replica is the same
-          // (error feedback has already decoded it in place).
-          if (k == n - 2 && encoded && !feedback) codec_->Decode(sent, {values, range.count});
-        }
+        wire.Send(ring.SendIndex(k + 1, c), range, average);
+        if (owner) wire.KeepOwned(values);
       } else {
-        if (k + 1 < steps) {
-          const uint64_t next = send_base[k + 1] + c;
-          if (encoded) {
-            // Forward the owner's bytes as they are: no re-encoding, no drift; and before this
-            // rank decodes them, which only reads them too, so that the next hop's wait does not
-            // hold a decode per hop (a whole block's at one chunk per block).
-            stats_.raw_payload_bytes += range.count * sizeof(float);
-            timeline::Span span(timeline_, timeline::kComm, "send", static_cast<int64_t>(next));
-            PostChunk(send_slots_[next], seq, op, data.size(), next, kind, received.data(),
-                      received.size());
-          } else {
-            post_send(next, range);
-          }
-        }
-        if (encoded) {
-          timeline::Span span(timeline_, timeline::kComm, "decode", static_cast<int64_t>(index));
-          codec_->Decode(received, {values, range.count});
-        }
+        // In place, the all-gather chunk waits for the reduce-scatter send that last read
+        // these values (by causality it is already done).
+        SendSlot& reader = send_slots_[ring.SendIndex(k - (n - 1), c)];
+        const auto received = ReceiveChunk(call, wire, index, ring.recvs(), range, false,
+                                           &reader, deadline, abort);
+        if (k + 1 < ring.steps()) wire.Forward(ring.SendIndex(k + 1, c), range, received);
+        wire.Settle(index, received, values);
       }
     }
   }
   timeline::Span span(timeline_, timeline::kComm, "wait_sends");
-  for (uint64_t i = 0; i < total_sends; ++i) {
-    wait(send_slots_[i].op, wait_send_.c_str());
+  for (uint64_t i = 0; i < ring.sends(); ++i) {
+    WaitFor(send_slots_[i].op, WaitOn::kSend, deadline, abort);
   }
+}
+
+void Communicator::AgreeOnNothing(ReduceOp op, Deadline deadline, const std::atomic<bool>* abort,
+                                  uint64_t seq) {
+  // Nothing to reduce, but neighbours must still agree: one header each way, so a rank that
+  // calls with 0 elements while its neighbour has N fails by name instead of by timeout.
+  if (send_slots_.empty()) send_slots_.resize(1);
+  SendSlot& slot = send_slots_[0];
+  PostChunk(slot, seq, op, 0, 0, CodecKind::kNone, nullptr, 0);
+  PostHeaderReceive(0);
+  WaitFor(recv_header_ops_[0], WaitOn::kHeader, deadline, abort);
+  ThrowIfAbortNotice(recv_headers_[0], 0, seq);
+  CheckHeader(recv_headers_[0], seq, op, 0, 0, CodecKind::kNone, 0);
+  WaitFor(slot.op, WaitOn::kSend, deadline, abort);
+}
+
+std::span<const std::byte> Communicator::ReceiveChunk(const RingCall& call, ChunkWire& wire,
+                                                      uint64_t index, uint64_t total,
+                                                      const Range& range, bool reduce_scatter,
+                                                      SendSlot* reader, Deadline deadline,
+                                                      const std::atomic<bool>* abort) {
+  timeline::Span span(timeline_, timeline::kComm, "wait", static_cast<int64_t>(index));
+  const uint64_t bytes = wire.WireBytes(range.count);
+  WaitFor(recv_header_ops_[index % 2], WaitOn::kHeader, deadline, abort);
+  ThrowIfAbortNotice(recv_headers_[index % 2], index % left_.size(), call.seq);
+  CheckHeader(recv_headers_[index % 2], call.seq, call.op, call.data.size(), index, wire.kind(),
+              bytes);
+  void* target = wire.Landing(range, reduce_scatter);
+  if (target == nullptr) {
+    target = call.data.data() + range.offset;
+    WaitFor(reader->op, WaitOn::kSend, deadline, abort);
+  }
+  // Chunk i travels on stream i mod streams; per stream the order is header, payload, next
+  // header, as the sender wrote them.
+  recv_payload_op_.Set(target, bytes);
+  left_[index % left_.size()]->PostRecv(recv_payload_op_);
+  if (index + 1 < total) PostHeaderReceive(index + 1);
+  WaitFor(recv_payload_op_, WaitOn::kPayload, deadline, abort);
+  return {static_cast<const std::byte*>(target), bytes};
 }
 
 }  // namespace pipesgd::collective

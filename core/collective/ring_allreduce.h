@@ -135,6 +135,9 @@ struct CommunicatorOptions {
   bool error_feedback = false;
 };
 
+// Throws Error(kInvalidArgument) unless chunk_bytes is a multiple of 4 (0: auto).
+void CheckChunkBytes(uint64_t chunk_bytes);
+
 // Per-call choices of AllReduce.
 struct AllReduceOptions {
   // false: this call goes uncompressed whatever the communicator's codec (warm-up steps).
@@ -157,6 +160,8 @@ struct WireStats {
     return payload_bytes == 0 ? 1.0 : static_cast<double>(raw_payload_bytes) / payload_bytes;
   }
 };
+
+struct RingCall;  // one AllReduce call (ring_wire.h)
 
 // A ring of ranks over one transport. Thread-compatible: one thread (the trainer's
 // communication thread) calls AllReduce at a time.
@@ -322,11 +327,26 @@ class Communicator {
                     std::span<std::byte> target, uint32_t root, bool more, Deadline deadline,
                     const std::atomic<bool>* abort);
   void PostHeaderReceive(uint64_t index);
+  // The AllReduce: the ring's schedule over RingPlan (ring_allreduce.cc), each chunk on the
+  // wire that fits it, raw or coded (ring_wire.h).
+  class ChunkWire;
+  class RawWire;
+  class CodedWire;
   void Run(std::span<float> data, ReduceOp op, Deadline deadline,
-           const std::atomic<bool>* abort, const AllReduceOptions& call, uint64_t seq);
+           const std::atomic<bool>* abort, const AllReduceOptions& options, uint64_t seq);
+  // An AllReduce of zero elements: one header each way, checked.
+  void AgreeOnNothing(ReduceOp op, Deadline deadline, const std::atomic<bool>* abort,
+                      uint64_t seq);
+  // Waits for chunk `index`'s header (posted earlier), checks it, receives its payload where
+  // `wire` lands it (in place after `reader`'s send) and posts the next header's receive.
+  std::span<const std::byte> ReceiveChunk(const RingCall& call, ChunkWire& wire,
+                                          uint64_t index, uint64_t total, const Range& range,
+                                          bool reduce_scatter, SendSlot* reader,
+                                          Deadline deadline, const std::atomic<bool>* abort);
+  // What a wait is for: a header or a payload from the left neighbour, a send to the right.
+  enum class WaitOn { kHeader, kPayload, kSend };
   // Waits for `o`, remembering which neighbour it depends on (for the abort notice).
-  void WaitFor(transport::Op& o, int peer, Deadline deadline, const char* what,
-               const std::atomic<bool>* abort);
+  void WaitFor(transport::Op& o, WaitOn what, Deadline deadline, const std::atomic<bool>* abort);
   // If `header` is an abort notice: reads its text (from `stream` of the left neighbour) and
   // throws kUnavailable naming the rank that failed. Otherwise returns.
   void ThrowIfAbortNotice(const ChunkHeader& header, size_t stream, uint64_t seq);

@@ -32,9 +32,8 @@ void Communicator::PostHeaderReceive(uint64_t index) {
 void Communicator::ReceiveBytes(uint64_t seq, ByteCollective kind, uint64_t count,
                                 uint64_t index, std::span<std::byte> target, uint32_t root,
                                 bool more, Deadline deadline, const std::atomic<bool>* abort) {
-  const int left = left_[0]->peer_rank();
   const ChunkHeader& header = recv_headers_[index % 2];
-  WaitFor(recv_header_ops_[index % 2], left, deadline, wait_header_.c_str(), abort);
+  WaitFor(recv_header_ops_[index % 2], WaitOn::kHeader, deadline, abort);
   ThrowIfAbortNotice(header, index % left_.size(), seq);
   CheckHeader(header, seq, static_cast<ReduceOp>(kind), count, index, CodecKind::kNone,
               target.size(), DataType::kBytes, root);
@@ -45,7 +44,7 @@ void Communicator::ReceiveBytes(uint64_t seq, ByteCollective kind, uint64_t coun
     left_[index % left_.size()]->PostRecv(recv_payload_op_);
   }
   if (more) PostHeaderReceive(index + 1);
-  if (!target.empty()) WaitFor(recv_payload_op_, left, deadline, wait_payload_.c_str(), abort);
+  if (!target.empty()) WaitFor(recv_payload_op_, WaitOn::kPayload, deadline, abort);
 }
 
 void Communicator::Broadcast(std::span<std::byte> data, int root, Deadline deadline,
@@ -86,9 +85,8 @@ void Communicator::Broadcast(std::span<std::byte> data, int root, Deadline deadl
       }
     }
     if (is_root || forwards) {
-      const int right = right_[0]->peer_rank();
       for (uint64_t c = 0; c < chunks; ++c) {
-        WaitFor(send_slots_[c].op, right, deadline, wait_send_.c_str(), abort);
+        WaitFor(send_slots_[c].op, WaitOn::kSend, deadline, abort);
       }
     }
   });
@@ -140,9 +138,8 @@ void Communicator::AllGather(std::span<const std::byte> mine, std::span<std::byt
         if (s + 1 < steps) send((s + 1) * per_block + c, piece(b, c));
       }
     }
-    const int right = right_[0]->peer_rank();
     for (uint64_t i = 0; i < total; ++i) {
-      WaitFor(send_slots_[i].op, right, deadline, wait_send_.c_str(), abort);
+      WaitFor(send_slots_[i].op, WaitOn::kSend, deadline, abort);
     }
   });
 }
