@@ -95,29 +95,39 @@ def seed1_table(d, model, rate, prefix):
 
 
 def seeds_table(dirs, model, rate):
+    """Final accuracy per seed, and each scheme against DDP over gloo on the same seeds (paired).
+    A run directory holding a file "busy" ran beside other work: its accuracy counts (it does
+    not depend on timing), its step time does not."""
     per = {}
     for seed, d in dirs.items():
         for s in LABELS:
             if (r := run_of(d, s)):
+                r["timed"] = not os.path.exists(os.path.join(d, "busy"))
                 per.setdefault(s, {})[seed] = r
     if "ddp" not in per or len(per["ddp"]) < 2:
         return []
-    mean = lambda xs: sum(xs) / len(xs)
-    ddp_final = mean([r["final"] for r in per["ddp"].values()])
-    ddp_step = mean([r["step_ms"] for r in per["ddp"].values()])
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
+    ddp = per["ddp"]
     md = [f"### {model.upper()}, links {rate}, over seeds {', '.join(map(str, dirs))}", "",
           "Each seed changes the initialisation and the shuffles, the same in every scheme. "
-          "\"points from DDP\" compares the means; the spread is the largest minus the smallest "
-          "final accuracy over the seeds.", "",
+          "\"points from DDP\" is the mean over the seeds both ran of the scheme's final accuracy "
+          "minus DDP over gloo's; the spread is the largest minus the smallest final accuracy. "
+          "Step times only from runs on a quiet machine (seeds marked * ran beside other work).",
+          "",
           "| scheme | seeds | final accuracy per seed | mean | spread (points) | points from DDP "
-          "(means) | mean ms per step | step time / gloo's (means) |",
+          "(paired) | mean ms per step | step time / gloo's (same seeds) |",
           "|---|---:|---|---:|---:|---:|---:|---:|"]
     for s, v in per.items():
         finals = [v[k]["final"] for k in sorted(v)]
-        step = mean([r["step_ms"] for r in v.values()])
-        md.append(f"| {LABELS[s]} | {len(v)} | {' / '.join(f'{x:.4f}' for x in finals)} | "
+        paired = mean([v[k]["final"] - ddp[k]["final"] for k in v if k in ddp])
+        timed = [k for k in v if v[k]["timed"] and k in ddp and ddp[k]["timed"]]
+        step = mean([v[k]["step_ms"] for k in timed])
+        ratio = step / mean([ddp[k]["step_ms"] for k in timed]) if timed else None
+        seeds = " ".join(f"{k}{'' if v[k]['timed'] else '*'}" for k in sorted(v))
+        md.append(f"| {LABELS[s]} | {seeds} | {' / '.join(f'{x:.4f}' for x in finals)} | "
                   f"{mean(finals):.4f} | {100 * (max(finals) - min(finals)):.2f} | "
-                  f"{100 * (mean(finals) - ddp_final):+.2f} | {step:.1f} | {step / ddp_step:.3f} |")
+                  f"{fmt(None if paired is None else 100 * paired, '+.2f', '')} | "
+                  f"{fmt(step, '.1f', '')} | {fmt(ratio, '.3f', '')} |")
     return md + [""]
 
 

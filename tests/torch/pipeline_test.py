@@ -132,11 +132,8 @@ def _steps(opt, model, rank, first, last):
         opt.step()
 
 
-def run_recurrence(rank, world, steps, warmup, compensation, backend):
+def run_recurrence(rank, steps, warmup, compensation):
     """Per step: the weights seen inside true_weights(); at the end the prediction in the model."""
-    import torch.distributed as dist
-    import pipesgd.torch  # noqa: F401
-    dist.init_process_group(backend, init_method=init_method(), rank=rank, world_size=world)
     model = _model(seed=3 + rank)  # rank 0's weights reach every rank at construction
     opt = _optimizer(model, width=2, sync_warmup_steps=warmup, compensation=compensation)
     seen = []
@@ -146,15 +143,11 @@ def run_recurrence(rank, world, steps, warmup, compensation, backend):
             seen.append(_out(_flat(model)))
     prediction = _out(_flat(model))
     opt.finish()
-    dist.destroy_process_group()
     return seen, prediction
 
 
-def run_replicas(rank, world, kw, steps):
+def run_replicas(rank, kw, steps):
     """Digests of the true weights every step, and the true weights at the end."""
-    import torch.distributed as dist
-    import pipesgd.torch  # noqa: F401
-    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
     model = _model()
     opt = _optimizer(model, **kw)
     digests = []
@@ -164,17 +157,13 @@ def run_replicas(rank, world, kw, steps):
     with opt.true_weights():
         final = _flat(model)
     opt.finish()
-    dist.destroy_process_group()
     return digests, _out(final), opt.applied
 
 
-def run_checkpoint(rank, world, stop, steps):
+def run_checkpoint(rank, stop, steps):
     """An uninterrupted run, and one saved after `stop` steps (its AllReduce in flight) and
     resumed by a fresh model and optimizer: both end with the same weights?"""
     import torch
-    import torch.distributed as dist
-    import pipesgd.torch  # noqa: F401
-    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
     model = _model()
     opt = _optimizer(model, width=2, sync_warmup_steps=2)
     _steps(opt, model, rank, 0, stop)
@@ -192,15 +181,10 @@ def run_checkpoint(rank, world, stop, steps):
     with resumed.true_weights():
         after = _flat(resumed_model)
     resumed.finish()
-    dist.destroy_process_group()
     return _out(uninterrupted), _out(after)
 
 
-def run_gloo_and_pipesgd(rank, world, steps):
-    import torch.distributed as dist
-    import pipesgd.torch  # noqa: F401
-    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
-    gloo = dist.new_group(backend="gloo")
+def run_gloo_and_pipesgd(rank, gloo, steps):
     out = []
     for group in (None, gloo):
         model = _model()
@@ -208,15 +192,10 @@ def run_gloo_and_pipesgd(rank, world, steps):
         _steps(opt, model, rank, 0, steps)
         opt.finish()
         out.append(_out(_flat(model)))
-    dist.destroy_process_group()
     return out
 
 
-def run_bad_arguments(rank, world):
-    import torch.distributed as dist
-    import pipesgd.torch  # noqa: F401
-    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
-    gloo = dist.new_group(backend="gloo")
+def run_bad_arguments(gloo):
     messages = []
     for kw in ({"width": 3}, {"compensation": "hessian"}, {"compression": "q3"},
                {"compression": "q8", "process_group": gloo}, {"error_feedback": True},
@@ -226,63 +205,101 @@ def run_bad_arguments(rank, world):
             messages.append(None)
         except ValueError as e:
             messages.append(str(e))
-    dist.destroy_process_group()
     return messages
+
+
+RECURRENCE = {"steps": 9, "warmup": 3}
+REPLICAS = ({"width": 2, "sync_warmup_steps": 3},
+            {"width": 2, "sync_warmup_steps": 3, "compression": "q4", "error_feedback": True},
+            {"width": 2, "sync_warmup_steps": 0, "powersgd_rank": 2},
+            {"width": 1, "compression": "q8", "error_feedback": True})
+REPLICA_STEPS = 12
+
+
+def two_ranks(rank, world):
+    """Every 2-rank case on one process group (a spawn of torch costs seconds)."""
+    import torch.distributed as dist
+    import pipesgd.torch  # noqa: F401
+    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    out = {"recurrence": {c: run_recurrence(rank, RECURRENCE["steps"], RECURRENCE["warmup"], c)
+                          for c in ("local_gradient", "momentum", "none")},
+           "checkpoint": run_checkpoint(rank, 6, 11),
+           "gloo": run_gloo_and_pipesgd(rank, gloo, 8),
+           "bad": run_bad_arguments(gloo)}
+    dist.destroy_process_group()
+    return out
+
+
+def four_ranks(rank, world):
+    import torch.distributed as dist
+    import pipesgd.torch  # noqa: F401
+    dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
+    out = [run_replicas(rank, kw, REPLICA_STEPS) for kw in REPLICAS]
+    dist.destroy_process_group()
+    return out
+
+
+_RESULTS = {}
+
+
+def results(world, testcase):
+    """Each rank's results of two_ranks or four_ranks, run once for every test."""
+    if world not in _RESULTS:
+        _RESULTS[world] = run_ranks(two_ranks if world == 2 else four_ranks, world, timeout=300)
+    return values(_RESULTS[world], testcase)
 
 
 class PipelineTest(unittest.TestCase):
     def test_recurrence_to_the_bit_against_the_reference(self):
         import torch
-        steps, warmup = 9, 3
+        steps, warmup = RECURRENCE["steps"], RECURRENCE["warmup"]
+        got = results(2, self)
         for compensation in ("local_gradient", "momentum", "none"):
             with self.subTest(compensation=compensation):
                 want, predictions = reference(2, steps, warmup, compensation)
-                got = values(run_ranks(run_recurrence, 2, steps, warmup, compensation,
-                                       "pipesgd"), self)
-                for rank, (seen, prediction) in enumerate(got):
+                for rank in range(2):
+                    seen, prediction = got[rank]["recurrence"][compensation]
                     for t in range(steps):
                         self.assertTrue(torch.equal(torch.from_numpy(seen[t]), want[t]),
                                         f"rank {rank} step {t}: true weights differ from the "
-                                        f"reference by {(torch.from_numpy(seen[t]) - want[t]).abs().max()}")
+                                        f"reference by "
+                                        f"{(torch.from_numpy(seen[t]) - want[t]).abs().max()}")
                     if predictions is not None:  # the model holds e_p between steps
-                        self.assertTrue(torch.equal(torch.from_numpy(prediction), predictions[rank]))
-                # The pipeline moves: the last true weights are not width 1's.
+                        self.assertTrue(torch.equal(torch.from_numpy(prediction),
+                                                    predictions[rank]))
+                # The pipeline moves: the last true weights are not the step before's.
                 self.assertFalse(torch.equal(want[-1], want[-2]))
 
     def test_replicas_bitwise_identical_on_four_ranks(self):
-        import torch
-        for kw in ({"width": 2, "sync_warmup_steps": 3},
-                   {"width": 2, "sync_warmup_steps": 3, "compression": "q4",
-                    "error_feedback": True},
-                   {"width": 2, "sync_warmup_steps": 0, "powersgd_rank": 2},
-                   {"width": 1, "compression": "q8", "error_feedback": True}):
+        got = results(4, self)
+        for i, kw in enumerate(REPLICAS):
             with self.subTest(**kw):
-                got = values(run_ranks(run_replicas, 4, kw, 12), self)
+                digests, final, applied = got[0][i]
                 for rank in range(1, 4):
-                    self.assertEqual(got[rank][0], got[0][0], f"rank {rank}'s digests")
-                    self.assertTrue((got[rank][1] == got[0][1]).all())
+                    self.assertEqual(got[rank][i][0], digests, f"rank {rank}'s digests")
+                    self.assertTrue((got[rank][i][1] == final).all())
                 # Every step changes the weights but the first pipelined one, which applies
                 # nothing (after a warm-up, its true weights are the last warm-up step's).
                 pause = 1 if kw["width"] == 2 and kw["sync_warmup_steps"] > 0 else 0
-                self.assertEqual(len(set(got[0][0])), 12 - pause)
+                self.assertEqual(len(set(digests)), REPLICA_STEPS - pause)
                 # Width 2 has one aggregate in flight after each step; finish() applied it.
-                self.assertEqual(got[0][2], 12)
+                self.assertEqual(applied, REPLICA_STEPS)
 
     def test_checkpoint_with_an_allreduce_in_flight_resumes_bitwise(self):
-        import torch
-        got = values(run_ranks(run_checkpoint, 2, 6, 11), self)
-        for rank, (uninterrupted, resumed) in enumerate(got):
+        got = results(2, self)
+        for rank in range(2):
+            uninterrupted, resumed = got[rank]["checkpoint"]
             self.assertTrue((uninterrupted == resumed).all(), f"rank {rank}")
-        self.assertTrue((got[0][0] == got[1][0]).all())
+        self.assertTrue((got[0]["checkpoint"][0] == got[1]["checkpoint"][0]).all())
 
     def test_the_average_over_gloo_is_the_same_bits(self):
-        import torch
-        got = values(run_ranks(run_gloo_and_pipesgd, 2, 8), self)
-        for rank, (on_pipesgd, on_gloo) in enumerate(got):
+        for rank, r in enumerate(results(2, self)):
+            on_pipesgd, on_gloo = r["gloo"]
             self.assertTrue((on_pipesgd == on_gloo).all(), f"rank {rank}")
 
     def test_bad_arguments_are_named(self):
-        got = values(run_ranks(run_bad_arguments, 2), self)[0]
+        got = results(2, self)[0]["bad"]
         expect = ["width 3", "compensation 'hessian'", "compression 'q3'",
                   "need a process group of the pipesgd backend", "error_feedback needs",
                   "choose one", "sync_warmup_steps -1"]
