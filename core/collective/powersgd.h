@@ -29,19 +29,6 @@
 
 namespace pipesgd::collective {
 
-// Reduces a trainer's gradient slot over the ranks in place, in some other way than one
-// Communicator::AllReduce (the trainer's communication thread calls it instead).
-class GradientReducer {
- public:
-  virtual ~GradientReducer() = default;
-  // As Communicator::AllReduce (same arguments, same errors): every rank ends with bitwise the
-  // same values.
-  virtual void AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
-                         const std::atomic<bool>* abort, const AllReduceOptions& call) = 0;
-  // What the last AllReduce sent, over all the collectives it took.
-  virtual const WireStats& last_wire_stats() const = 0;
-};
-
 struct PowerSgdOptions {
   int rank = 4;  // r, in [1, 64]
   // Compress a matrix only when it shrinks at least this much (PyTorch's default, 2).

@@ -161,11 +161,25 @@ struct WireStats {
   }
 };
 
+// Reduces a trainer's gradient slot over the ranks in place: the ring itself (Communicator), or
+// PowerSGD (core/collective/powersgd.h) on top of it. The trainer's communication thread sees
+// only this.
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  // As Communicator::AllReduce (same arguments, same errors): every rank ends with bitwise the
+  // same values.
+  virtual void AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
+                         const std::atomic<bool>* abort, const AllReduceOptions& call) = 0;
+  // What the last AllReduce sent, over all the collectives it took.
+  virtual const WireStats& last_wire_stats() const = 0;
+};
+
 struct RingCall;  // one AllReduce call (ring_wire.h)
 
 // A ring of ranks over one transport. Thread-compatible: one thread (the trainer's
 // communication thread) calls AllReduce at a time.
-class Communicator {
+class Communicator final : public GradientReducer {
  public:
   // Connects `transport` to this rank's ring neighbours, whose addresses come from the
   // rendezvous (`addresses[r]` = rank r's Transport::LocalAddress()). Throws what
@@ -186,7 +200,7 @@ class Communicator {
       std::shared_ptr<transport::Transport> transport, int ring_pos, int ring_size,
       std::vector<transport::Connection*> left, std::vector<transport::Connection*> right,
       const CommunicatorOptions& options);
-  ~Communicator();
+  ~Communicator() override;
 
   // The ranks Create connects to, in the order it connects: the left neighbour, then the right
   // one if different (none for a single rank). A transport that needs its peers up front (ibverbs)
@@ -249,7 +263,8 @@ class Communicator {
   // stops (an abort notice naming the rank that failed or is gone, relayed around the ring, so
   // every rank's error names the root cause, not just its neighbour), then closes.
   void AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
-                 const std::atomic<bool>* abort = nullptr, const AllReduceOptions& call = {});
+                 const std::atomic<bool>* abort = nullptr,
+                 const AllReduceOptions& call = {}) override;
 
   // Root's `data` on every rank, bitwise, whatever the bytes hold: a chain from the root around
   // the ring (root, root+1, ...), cut into chunks of options().chunk_bytes (1 MiB when auto) so
@@ -270,7 +285,7 @@ class Communicator {
   // Collectives completed or attempted so far (the next one's sequence number).
   uint64_t sequence() const { return seq_; }
   // What the last AllReduce sent.
-  const WireStats& last_wire_stats() const { return stats_; }
+  const WireStats& last_wire_stats() const override { return stats_; }
   // The error-feedback residual (empty until the first compressed call with error feedback).
   std::span<const float> residual() const { return residual_; }
   // Checkpoint restore: the residual, and the sequence number of the next collective (every

@@ -52,6 +52,7 @@ void Optimizer::ApplyFromDevice(std::span<float>, const float*) {
 Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer& optimizer,
                  std::span<float> params, const TrainerOptions& options)
     : comm_(comm),
+      gradients_(options.reducer != nullptr ? *options.reducer : comm),
       objective_(objective),
       optimizer_(optimizer),
       params_(params),
@@ -133,12 +134,10 @@ void Trainer::CommLoop() {
       if (job->device_slot >= 0) {
         device_->AllReduce(job->device_slot, job->op, Deadline::After(options_.timeout_s),
                            &abort_, job->call);
-      } else if (job->gradient && options_.reducer != nullptr) {
-        options_.reducer->AllReduce(job->data, job->op, Deadline::After(options_.timeout_s),
-                                    &abort_, job->call);
       } else {
-        comm_.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_,
-                        job->call);
+        collective::GradientReducer& reducer = job->gradient ? gradients_ : comm_;
+        reducer.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_,
+                          job->call);
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -150,9 +149,7 @@ void Trainer::CommLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       if (job->gradient) {
         const collective::WireStats stats =
-            job->device_slot >= 0       ? device_->last_wire_stats()
-            : options_.reducer != nullptr ? options_.reducer->last_wire_stats()
-                                          : comm_.last_wire_stats();
+            job->device_slot >= 0 ? device_->last_wire_stats() : gradients_.last_wire_stats();
         wire_.steps += 1;
         wire_.compressed_steps += stats.compressed ? 1 : 0;
         wire_.bytes_sent += stats.bytes_sent;

@@ -289,6 +289,8 @@ class Trainer {
   void CheckAggregate(int index, int64_t s, const char* what, const char* consequence);
 
   collective::Communicator& comm_;
+  // What reduces a host gradient slot: options.reducer, or the ring itself.
+  collective::GradientReducer& gradients_;
   Objective& objective_;
   Optimizer& optimizer_;
   std::span<float> params_;
