@@ -96,13 +96,14 @@ def seed1_table(d, model, rate, prefix):
 
 def seeds_table(dirs, model, rate):
     """Final accuracy per seed, and each scheme against DDP over gloo on the same seeds (paired).
-    A run directory holding a file "busy" ran beside other work: its accuracy counts (it does
-    not depend on timing), its step time does not."""
+    A run that ran beside other work (a file "busy" in its seed's directory, or in the scheme's
+    own) counts for its accuracy (which does not depend on timing), not for its step time."""
     per = {}
     for seed, d in dirs.items():
         for s in LABELS:
             if (r := run_of(d, s)):
-                r["timed"] = not os.path.exists(os.path.join(d, "busy"))
+                r["timed"] = not (os.path.exists(os.path.join(d, "busy"))
+                                  or os.path.exists(os.path.join(d, s, "busy")))
                 per.setdefault(s, {})[seed] = r
     if "ddp" not in per or len(per["ddp"]) < 2:
         return []

@@ -263,6 +263,8 @@ def distribute(args, model, pt, count):
     return ddp, torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum), codec, ratio
 
 
+# One function from set-up to summary, longer than this project's functions usually are: it is
+# the training loop a user copies and reads top to bottom, as a PyTorch example is read.
 def main():
     t0 = time.time()
     args = parse_args()
