@@ -86,11 +86,12 @@ def parse_args():
                    help="PyTorch's own DDP communication hooks")
     p.add_argument("--width", type=int, choices=[1, 2], default=1,
                    help="1: DDP; 2: Pipe-SGD (pipesgd.torch.PipelinedOptimizer, no DDP)")
-    p.add_argument("--sync-warmup-steps", type=int, default=50,
-                   help="--width 2: synchronous steps before the pipeline starts")
-    p.add_argument("--staleness-compensation", default="local_gradient",
+    p.add_argument("--sync-warmup-steps", type=int, default=None,
+                   help="--width 2: synchronous steps before the pipeline starts (50)")
+    p.add_argument("--staleness-compensation", default=None,
                    choices=["local_gradient", "momentum", "none"],
-                   help="--width 2: where each gradient is computed (docs/staleness.md)")
+                   help="--width 2: where each gradient is computed (docs/staleness.md; "
+                        "local_gradient)")
     p.add_argument("--compression", default="none",
                    choices=["none", "trunc16", "fp16", "q8", "q4", "sign1"],
                    help="pipesgd's codec hook (--backend pipesgd)")
@@ -103,6 +104,14 @@ def parse_args():
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist/")
     a = p.parse_args()
     # Checked before any rank connects, so every rank stops with the same message.
+    if a.width == 1:
+        for flag, value in (("--sync-warmup-steps", a.sync_warmup_steps),
+                            ("--staleness-compensation", a.staleness_compensation)):
+            if value is not None:
+                p.error(f"{flag} {value}: a setting of --width 2 (Pipe-SGD); this run is "
+                        "--width 1")
+    a.sync_warmup_steps = 50 if a.sync_warmup_steps is None else a.sync_warmup_steps
+    a.staleness_compensation = a.staleness_compensation or "local_gradient"
     if a.width == 2 and a.hook != "none":
         p.error(f"--width 2 --hook {a.hook}: Pipe-SGD replaces DDP, so PyTorch's DDP hooks do not "
                 "apply; pipesgd's own compress the pipelined AllReduce (--compression CODEC "
@@ -312,6 +321,12 @@ def main():
         print(f"{PROG}: {world} ranks on {args.backend}{' (' + describe + ')' if describe else ''}"
               f", {args.model} {params} params, compression {codec}, {steps_per_epoch} steps "
               f"per epoch of global batch {b * world}", flush=True)
+        if pipelined:
+            total = steps_per_epoch * args.epochs
+            print(f"{PROG}: Pipe-SGD width 2 ({args.staleness_compensation}) after "
+                  f"{args.sync_warmup_steps} synchronous steps"
+                  + (f"; all {total} steps of this run are synchronous"
+                     if total <= args.sync_warmup_steps else ""), flush=True)
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             metrics = open(os.path.join(args.out, "metrics.jsonl"), "w")

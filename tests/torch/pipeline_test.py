@@ -199,13 +199,97 @@ def run_bad_arguments(gloo):
     messages = []
     for kw in ({"width": 3}, {"compensation": "hessian"}, {"compression": "q3"},
                {"compression": "q8", "process_group": gloo}, {"error_feedback": True},
-               {"powersgd_rank": 4, "compression": "q8"}, {"sync_warmup_steps": -1}):
+               {"powersgd_rank": 4, "compression": "q8"}, {"sync_warmup_steps": -1},
+               {"width": True}, {"width": 2.0},
+               {"compression": "q8", "error_feedback": "yes"}):
         try:
             _optimizer(_model(), **kw)
             messages.append(None)
         except ValueError as e:
             messages.append(str(e))
+    import torch
+    from pipesgd.torch import PipelinedOptimizer
+    sgd = torch.optim.SGD(_model().parameters(), lr=0.1)
+    for args in ((sgd, None), (_model(), sgd),
+                 (torch.optim.LBFGS(_model().parameters()), _model())):
+        try:
+            PipelinedOptimizer(*args)
+            messages.append(None)
+        except ValueError as e:
+            messages.append(str(e))
     return messages
+
+
+def run_frozen(rank):
+    """A frozen layer outside the optimizer (initialised differently on each rank: rank 0's
+    must win) and one inside it with weight decay (torch leaves a parameter without a gradient
+    alone): are both the same on every rank, and the second unchanged?"""
+    import torch
+    model = _model(seed=3 + rank)
+    first, second = model[1], model[3]
+    first.weight.requires_grad_(False)
+    second.bias.requires_grad_(False)
+    bias_before = None
+    opt = _optimizer(model, width=2, sync_warmup_steps=1)  # every parameter but first.weight
+    opt.optimizer.param_groups[0]["weight_decay"] = 0.1
+    bias_before = second.bias.detach().clone()
+    _steps(opt, model, rank, 0, 5)
+    opt.finish()
+    moved = (second.bias.detach() - bias_before).abs().max().item()
+    return _out(first.weight.detach()), moved, opt.digest()
+
+
+def run_mismatch(rank):
+    """Rank 1 asks for width 1, rank 0 for width 2: both must refuse, naming it."""
+    try:
+        _optimizer(_model(), width=2 if rank == 0 else 1, sync_warmup_steps=1)
+        return None
+    except ValueError as e:
+        return str(e)
+
+
+def run_groups_and_schedulers(rank):
+    """A group added through the wrapper (trained, replicas equal), one added behind its back
+    (refused by name), and an LR scheduler given the wrapper."""
+    import torch
+    model = torch.nn.Sequential(_model(), torch.nn.Linear(10, 10))
+    opt = _optimizer(model[0], width=2, sync_warmup_steps=1)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    for t in range(4):
+        opt.zero_grad()
+        x, y = _batch(rank, t)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        scheduler.step()
+    lr = opt.param_groups[0]["lr"]
+    opt.add_param_group({"params": model[1].parameters()})
+    before = model[1].weight.detach().clone()
+    for t in range(4, 8):
+        opt.zero_grad()
+        x, y = _batch(rank, t)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    opt.finish()
+    trained = not torch.equal(before, model[1].weight.detach())
+    opt.optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    try:
+        opt.step()
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    return lr, trained, opt.digest(), refused
+
+
+def run_subgroups(rank):
+    """Ranks {0, 1} and {2, 3} train apart, each pair on its own group (the second one without
+    global rank 0)."""
+    import torch.distributed as dist
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    model = _model(seed=3 + rank)
+    opt = _optimizer(model, width=2, sync_warmup_steps=1, process_group=pairs[rank // 2])
+    _steps(opt, model, rank, 0, 4)
+    opt.finish()
+    return opt.digest()
 
 
 RECURRENCE = {"steps": 9, "warmup": 3}
@@ -226,7 +310,10 @@ def two_ranks(rank, world):
                           for c in ("local_gradient", "momentum", "none")},
            "checkpoint": run_checkpoint(rank, 6, 11),
            "gloo": run_gloo_and_pipesgd(rank, gloo, 8),
-           "bad": run_bad_arguments(gloo)}
+           "bad": run_bad_arguments(gloo),
+           "frozen": run_frozen(rank),
+           "mismatch": run_mismatch(rank),
+           "groups": run_groups_and_schedulers(rank)}
     dist.destroy_process_group()
     return out
 
@@ -236,6 +323,7 @@ def four_ranks(rank, world):
     import pipesgd.torch  # noqa: F401
     dist.init_process_group("pipesgd", init_method=init_method(), rank=rank, world_size=world)
     out = [run_replicas(rank, kw, REPLICA_STEPS) for kw in REPLICAS]
+    out.append(run_subgroups(rank))
     dist.destroy_process_group()
     return out
 
@@ -302,10 +390,41 @@ class PipelineTest(unittest.TestCase):
         got = results(2, self)[0]["bad"]
         expect = ["width 3", "compensation 'hessian'", "compression 'q3'",
                   "need a process group of the pipesgd backend", "error_feedback needs",
-                  "choose one", "sync_warmup_steps -1"]
+                  "choose one", "sync_warmup_steps -1", "width True", "width 2.0",
+                  "error_feedback 'yes'", "model: expected the torch.nn.Module",
+                  "optimizer: expected a torch.optim optimizer", "optimizer LBFGS"]
+        self.assertEqual(len(got), len(expect))
         for message, words in zip(got, expect):
             self.assertIsNotNone(message, words)
             self.assertIn(words, message)
+
+    def test_frozen_parameters_are_rank_zeros_and_stay_frozen(self):
+        got = results(2, self)
+        (w0, moved0, d0), (w1, moved1, d1) = got[0]["frozen"], got[1]["frozen"]
+        self.assertTrue((w0 == w1).all(), "the frozen layer outside the optimizer differs")
+        self.assertEqual(d0, d1)
+        self.assertEqual((moved0, moved1), (0.0, 0.0), "weight decay moved a frozen parameter")
+
+    def test_ranks_with_other_settings_are_named(self):
+        for rank, message in enumerate(r["mismatch"] for r in results(2, self)):
+            self.assertIsNotNone(message, f"rank {rank} trained on")
+            self.assertIn("width = 1 on rank 1, 2 on rank 0", message)
+
+    def test_added_groups_and_lr_schedulers(self):
+        got = results(2, self)
+        for rank in range(2):
+            lr, trained, digest, refused = got[rank]["groups"]
+            self.assertEqual(lr, LR * 0.25)  # StepLR halved it twice in 4 steps
+            self.assertTrue(trained, "the added group was not trained")
+            self.assertEqual(digest, got[0]["groups"][2])
+            self.assertIn("add_param_group", refused or "")
+
+    def test_a_subgroup_without_global_rank_zero(self):
+        got = results(4, self)
+        digests = [r[len(REPLICAS)] for r in got]
+        self.assertEqual(digests[0], digests[1])
+        self.assertEqual(digests[2], digests[3])
+        self.assertNotEqual(digests[0], digests[2])  # the pairs trained on other data
 
 
 if __name__ == "__main__":

@@ -62,42 +62,66 @@ def _backend_of(group):
     return None
 
 
-class PipelinedOptimizer:
+def _check_arguments(optimizer, model, width, sync_warmup_steps, compensation, compression,
+                     error_feedback, powersgd_rank):
+    def integer(x):  # an int, not a bool or a float
+        return type(x) is int
+    if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer,
+                                                                     PipelinedOptimizer):
+        raise ValueError(f"optimizer: expected a torch.optim optimizer (the first argument), got "
+                         f"{type(optimizer).__name__}")
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("optimizer LBFGS: its step() evaluates the loss again through a closure, "
+                         "which a pipelined step cannot; use a first-order optimizer (SGD, Adam)")
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model: expected the torch.nn.Module being trained (the second "
+                         f"argument), got {type(model).__name__}")
+    if not integer(width) or width not in (1, 2):
+        raise ValueError(f"width {width!r}: expected 1 (synchronous) or 2 (Pipe-SGD)")
+    if not integer(sync_warmup_steps) or sync_warmup_steps < 0:
+        raise ValueError(f"sync_warmup_steps {sync_warmup_steps!r}: expected an integer >= 0")
+    if compensation not in COMPENSATIONS:
+        raise ValueError(f"compensation {compensation!r}: expected one of "
+                         f"{', '.join(COMPENSATIONS)}")
+    if compression not in CODECS:
+        raise ValueError(f"compression {compression!r}: expected one of {', '.join(CODECS)}")
+    if not isinstance(error_feedback, bool):
+        raise ValueError(f"error_feedback {error_feedback!r}: expected True or False")
+    if not integer(powersgd_rank) or not 0 <= powersgd_rank <= 64:
+        raise ValueError(f"powersgd_rank {powersgd_rank!r}: expected an integer in [0, 64] "
+                         "(0: off)")
+    if powersgd_rank and compression != "none":
+        raise ValueError(f"powersgd_rank {powersgd_rank} and compression {compression!r} both "
+                         "compress the gradients; choose one")
+    if error_feedback and compression == "none":
+        raise ValueError("error_feedback needs a compression other than 'none' (PowerSGD "
+                         "keeps its own)")
+
+
+class PipelinedOptimizer(torch.optim.Optimizer):
     """Wraps `optimizer` (any torch.optim optimizer over float32 CPU parameters) for
     data-parallel training of `model` on `process_group` (default: the default group), without
     DDP. width 1: synchronous, every step's gradient averaged before it is applied (as DDP);
     width 2: Pipe-SGD. compression: one of pipesgd's codecs inside the ring ("q4", with
     error_feedback=True, trains like "none"), or powersgd_rank R >= 1 for pipesgd's PowerSGD;
-    both need the pipesgd backend, the plain average runs on any backend."""
+    both need the pipesgd backend, the plain average runs on any backend. Gradients under
+    comm.min_bytes (64 KiB) travel uncompressed. It is a torch Optimizer (for LR schedulers):
+    its param_groups and state are the wrapped optimizer's."""
 
     def __init__(self, optimizer, model, width=2, sync_warmup_steps=50,
                  compensation="local_gradient", compression="none", error_feedback=False,
                  powersgd_rank=0, process_group=None):
-        if width not in (1, 2):
-            raise ValueError(f"width {width!r}: expected 1 (synchronous) or 2 (Pipe-SGD)")
-        if not isinstance(sync_warmup_steps, int) or sync_warmup_steps < 0:
-            raise ValueError(f"sync_warmup_steps {sync_warmup_steps!r}: expected an integer >= 0")
-        if compensation not in COMPENSATIONS:
-            raise ValueError(f"compensation {compensation!r}: expected one of "
-                             f"{', '.join(COMPENSATIONS)}")
-        if compression not in CODECS:
-            raise ValueError(f"compression {compression!r}: expected one of {', '.join(CODECS)}")
-        if not isinstance(powersgd_rank, int) or not 0 <= powersgd_rank <= 64:
-            raise ValueError(f"powersgd_rank {powersgd_rank!r}: expected an integer in [0, 64] "
-                             "(0: off)")
-        if powersgd_rank and compression != "none":
-            raise ValueError(f"powersgd_rank {powersgd_rank} and compression {compression!r} both "
-                             "compress the gradients; choose one")
-        if error_feedback and compression == "none":
-            raise ValueError("error_feedback needs a compression other than 'none' (PowerSGD "
-                             "keeps its own)")
+        # Not torch.optim.Optimizer.__init__: the wrapped optimizer keeps the groups and state.
+        _check_arguments(optimizer, model, width, sync_warmup_steps, compensation, compression,
+                         error_feedback, powersgd_rank)
         self.optimizer = optimizer
+        self.defaults = optimizer.defaults
         self.model = model
         self.width = width
         self.sync_warmup_steps = sync_warmup_steps
         self.compensation = compensation
         self.compression = compression
-        self.error_feedback = bool(error_feedback)
+        self.error_feedback = error_feedback
         self.powersgd_rank = powersgd_rank
         self.group = process_group
         self._backend = _backend_of(process_group)
@@ -107,34 +131,36 @@ class PipelinedOptimizer:
                 "group of the pipesgd backend (init_process_group('pipesgd')); another backend "
                 "gets the plain average only")
         self._world = dist.get_world_size(process_group)
-        self._params = [p for g in optimizer.param_groups for p in g["params"]]
-        if len({id(p) for p in self._params}) != len(self._params):
-            raise ValueError("the optimizer lists a parameter twice")
-        for i, p in enumerate(self._params):
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise ValueError(f"parameter {i} ({tuple(p.shape)}): {p.dtype} on {p.device}; "
-                                 "expected float32 on the CPU (CUDA parameters: not yet)")
-        self._sizes = [p.numel() for p in self._params]
-        self._offsets = [0] + list(itertools.accumulate(self._sizes))
-        n = self._offsets[-1]
-        self._matrices = [[o, p.shape[0], p.numel() // p.shape[0]]
-                          for o, p in zip(self._offsets, self._params)
-                          if p.dim() >= 2 and p.numel() > 0]
-        self._key = next(_KEYS)
-        self._local = torch.zeros(n)            # g_p[t]: this rank's gradient of the last step
-        self._send = [torch.zeros(n), torch.zeros(n)]  # AllReduced in place, alternately
+        # The group's rank 0, as a global rank (what broadcast's src names).
+        self._root = 0 if process_group is None else dist.get_global_rank(process_group, 0)
         self._inflight = collections.deque()    # (work, buffer) of the AllReduces in flight
         self._pending = None                    # an aggregate known but not yet applied
         self._true = None                       # w[t] while a prediction sits in the params
         self.steps = 0                          # step() calls so far
         self.applied = 0                        # aggregates applied so far
         self.wait_s = 0.0                       # time step() waited for an AllReduce
+        self._layout()
+        self._agree()
         self._sync_model()
 
     # -- what a torch optimizer offers -------------------------------------------------------
     @property
     def param_groups(self):
         return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def add_param_group(self, param_group):
+        """Adds a group to the wrapped optimizer (e.g. layers unfrozen later): what is in flight
+        is applied first (as finish() does), then every rank takes rank 0's new parameters.
+        Every rank must call it at the same step."""
+        self.finish()
+        self.optimizer.add_param_group(param_group)
+        self._layout()
+        self._agree()
+        self._sync_model()
 
     def zero_grad(self, set_to_none=False):
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -187,7 +213,10 @@ class PipelinedOptimizer:
     def digest(self):
         """A hash of the true weights (equal on every rank, step after step)."""
         w = self._true if self._true is not None else self._flat_params()
-        return hashlib.sha256(w.numpy().tobytes()).hexdigest()[:16]
+        h = hashlib.sha256(w.numpy().tobytes())
+        for p in self._others:  # frozen parameters outside the optimizer
+            h.update(p.detach().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
 
     def state_dict(self):
         """Everything a rank holds between steps, the AllReduce in flight included (waited for,
@@ -224,6 +253,46 @@ class PipelinedOptimizer:
         self.steps, self.applied = int(state["steps"]), int(state["applied"])
 
     # -- the parts -----------------------------------------------------------------------------
+    def _layout(self):
+        """The flat layout of the optimizer's parameters, and the buffers that hold them."""
+        self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self._ids = [id(p) for p in self._params]
+        if len(set(self._ids)) != len(self._params):
+            raise ValueError("the optimizer lists a parameter twice")
+        for i, p in enumerate(self._params):
+            if p.dtype != torch.float32 or p.device.type != "cpu" or p.is_sparse:
+                raise ValueError(f"parameter {i} ({tuple(p.shape)}): {p.dtype} on {p.device}"
+                                 f"{' (sparse)' if p.is_sparse else ''}; expected dense float32 "
+                                 "on the CPU (CUDA parameters: not yet)")
+        # The model's parameters outside the optimizer (frozen ones): never updated, but every
+        # rank must hold rank 0's, as under DDP.
+        mine = set(self._ids)
+        self._others = [p for p in self.model.parameters() if id(p) not in mine]
+        self._sizes = [p.numel() for p in self._params]
+        self._offsets = [0] + list(itertools.accumulate(self._sizes))
+        n = self._offsets[-1]
+        self._matrices = [[o, p.shape[0], p.numel() // p.shape[0]]
+                          for o, p in zip(self._offsets, self._params)
+                          if p.dim() >= 2 and p.numel() > 0]
+        self._key = next(_KEYS)  # a new layout, a new ring state (residuals, PowerSGD factors)
+        self._local = torch.zeros(n)            # g_p[t]: this rank's gradient of the last step
+        self._send = [torch.zeros(n), torch.zeros(n)]  # AllReduced in place, alternately
+
+    def _agree(self):
+        """Every rank has the same settings and parameter shapes, or every rank raises naming
+        the ranks that differ (a mismatch would train on, with replicas that drift apart)."""
+        mine = {"width": self.width, "sync_warmup_steps": self.sync_warmup_steps,
+                "compensation": self.compensation, "compression": self.compression,
+                "error_feedback": self.error_feedback, "powersgd_rank": self.powersgd_rank,
+                "parameter shapes": [tuple(p.shape) for p in self._params]}
+        every = [None] * self._world
+        dist.all_gather_object(every, mine, group=self.group)
+        differ = [f"{key} = {theirs[key]!r} on rank {r}, {every[0][key]!r} on rank 0"
+                  for r, theirs in enumerate(every) for key in mine if theirs[key] != every[0][key]]
+        if differ:
+            raise ValueError("PipelinedOptimizer: the ranks disagree: " + "; ".join(differ[:4]) +
+                             "; every rank must wrap the same model with the same settings")
+
     def _flat_params(self):
         return torch.cat([p.detach().reshape(-1) for p in self._params])
 
@@ -233,9 +302,15 @@ class PipelinedOptimizer:
                 p.copy_(flat[o:o + k].view_as(p))
 
     def _gather_local(self):
-        for p, o, k in zip(self._params, self._offsets, self._sizes):
-            if p.grad is None:
+        if [id(p) for g in self.optimizer.param_groups for p in g["params"]] != self._ids:
+            raise ValueError("the wrapped optimizer's parameters changed after wrapping; add "
+                             "groups with PipelinedOptimizer.add_param_group, on every rank")
+        for i, (p, o, k) in enumerate(zip(self._params, self._offsets, self._sizes)):
+            if p.grad is None:  # counts as zero: the average needs one from every rank
                 self._local[o:o + k].zero_()
+            elif p.grad.is_sparse:
+                raise ValueError(f"parameter {i} ({tuple(p.shape)}) has a sparse gradient; "
+                                 "expected dense gradients (nn.Embedding(sparse=False))")
             else:
                 self._local[o:o + k].copy_(p.grad.reshape(-1))
 
@@ -280,7 +355,8 @@ class PipelinedOptimizer:
         user's gradient tensors are put back after."""
         saved = [p.grad for p in self._params]
         for p, o, k in zip(self._params, self._offsets, self._sizes):
-            p.grad = flat_gradient[o:o + k].view_as(p)
+            # A frozen parameter is skipped, as torch's optimizers skip one without a gradient.
+            p.grad = flat_gradient[o:o + k].view_as(p) if p.requires_grad else None
         try:
             self.optimizer.step()
         finally:
@@ -308,19 +384,28 @@ class PipelinedOptimizer:
                     state.pop(p, None)
 
     def _sync_model(self):
-        """Rank 0's parameters and buffers on every rank (as DDP does at construction)."""
-        flat = self._flat_params()
-        dist.broadcast(flat, 0, group=self.group)
-        self._write_params(flat)
+        """Rank 0's parameters (the optimizer's, and the model's others) and buffers on every
+        rank, as DDP does at construction."""
+        self._broadcast(self._params, torch.float32)
+        self._broadcast(self._others, torch.float64)
         self._sync_buffers()
 
     def _sync_buffers(self):
-        buffers = [b for b in self.model.buffers() if b.numel() > 0]
-        if buffers:
-            flat = torch.cat([b.detach().reshape(-1).to(torch.float64) for b in buffers])
-            dist.broadcast(flat, 0, group=self.group)
-            with torch.no_grad():
-                o = 0
-                for b in buffers:
-                    b.copy_(flat[o:o + b.numel()].view_as(b).to(b.dtype))
-                    o += b.numel()
+        self._broadcast([b for b in self.model.buffers()], torch.float64)
+
+    def _broadcast(self, tensors, dtype):
+        """Rank 0's values of `tensors`, through one flat `dtype` tensor (float64 holds every
+        float32, float16 and integer below 2^53 exactly)."""
+        tensors = [t for t in tensors if t.numel() > 0]
+        if tensors:
+            flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
+            dist.broadcast(flat, self._root, group=self.group)
+            self._write(tensors, flat)
+
+    @staticmethod
+    def _write(tensors, flat):
+        with torch.no_grad():
+            o = 0
+            for t in tensors:
+                t.copy_(flat[o:o + t.numel()].view_as(t).to(t.dtype))
+                o += t.numel()
