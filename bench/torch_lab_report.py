@@ -15,7 +15,10 @@ import os
 import subprocess
 import sys
 
-TARGETS = (0.85, 0.87)
+# The accuracies each model is timed to. The MLP and the CNN pass 0.87 within their epochs. The
+# residual network (2 epochs, batch norm, lr 0.05) ends near 0.84 under DDP over gloo, so it is
+# timed to 0.80 and 0.83.
+TARGETS = {"mlp": (0.85, 0.87), "cnn": (0.85, 0.87), "resnet": (0.80, 0.83)}
 MODELS = ("mlp", "cnn", "resnet")
 RATES = ("100mbit", "1gbit", "none")
 LABELS = {
@@ -38,14 +41,14 @@ STYLE = {"ddp": "lc rgb '#000000' dt 2", "ddp_fp16": "lc rgb '#777777' dt 2",
 DDP = ("ddp", "ddp_fp16", "ddp_psgd4")
 
 
-def run_of(d, scheme):
+def run_of(d, scheme, targets=(0.85, 0.87)):
     """The scheme's metrics lines and summary in directory d, or None if it did not run."""
     m, s = os.path.join(d, scheme, "metrics.jsonl"), os.path.join(d, scheme, "summary.json")
     if not (os.path.exists(m) and os.path.exists(s)):
         return None
     lines = [json.loads(x) for x in open(m) if x.strip()]
     summary = json.load(open(s))
-    reach = {t: next((x["wall_s"] for x in lines if x["test_accuracy"] >= t), None) for t in TARGETS}
+    reach = {t: next((x["wall_s"] for x in lines if x["test_accuracy"] >= t), None) for t in targets}
     wire = [x["wire_bytes_per_step"] for x in lines if x.get("wire_bytes_per_step")]
     return {"step_ms": summary["steady_step_s"] * 1e3, "final": summary["final_test_accuracy"],
             "reach": reach, "wire": sum(wire) / len(wire) if wire else None,
@@ -68,24 +71,25 @@ def seed_dirs(results, model, rate):
 
 
 def seed1_table(d, model, rate, prefix):
-    runs = {s: r for s in LABELS if (r := run_of(d, s))}
+    lo, hi = TARGETS[model]
+    runs = {s: r for s in LABELS if (r := run_of(d, s, TARGETS[model]))}
     if not runs:
         return []
     setup = open(os.path.join(d, "setup.txt")).read().strip().replace("\n", "; ")
     ddp = runs.get("ddp")
-    best85 = min((runs[s]["reach"][0.85] for s in DDP if s in runs and runs[s]["reach"][0.85]),
-                 default=None)
+    best = min((runs[s]["reach"][lo] for s in DDP if s in runs and runs[s]["reach"][lo]),
+               default=None)
     md = [f"### {model.upper()}, links {rate}, seed 1", "", f"`{setup}`", "",
-          "| scheme | ms per step | step time / gloo's | time to 0.85 (s) | x best DDP | "
-          "time to 0.87 (s) | final accuracy | points from DDP | wire MB per step |",
+          f"| scheme | ms per step | step time / gloo's | time to {lo} (s) | x best DDP | "
+          f"time to {hi} (s) | final accuracy | points from DDP | wire MB per step |",
           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s, r in runs.items():
-        t85 = r["reach"][0.85]
+        t_lo = r["reach"][lo]
         md.append(
             f"| {LABELS[s]} | {r['step_ms']:.1f} | "
-            f"{fmt(r['step_ms'] / ddp['step_ms'] if ddp else None, '.3f', 'n/a')} | {fmt(t85)} | "
-            f"{fmt(best85 / t85 if best85 and t85 else None, '.2f', 'n/a')} | "
-            f"{fmt(r['reach'][0.87])} | {r['final']:.4f} | "
+            f"{fmt(r['step_ms'] / ddp['step_ms'] if ddp else None, '.3f', 'n/a')} | {fmt(t_lo)} | "
+            f"{fmt(best / t_lo if best and t_lo else None, '.2f', 'n/a')} | "
+            f"{fmt(r['reach'][hi])} | {r['final']:.4f} | "
             f"{fmt(100 * (r['final'] - ddp['final']) if ddp else None, '+.2f', 'n/a')} | "
             f"{fmt(r['wire'] / 1e6 if r['wire'] else None, '.3f', '')} |")
     png = f"{prefix}_{model}_{rate}.png"
@@ -144,7 +148,8 @@ def plot(png, model, rate, runs):
               "set xlabel 'training time (s, evaluations left out; log scale)'\n"
               "set ylabel 'test accuracy'\nset logscale x\nset yrange [0.7:0.9]\n"
               "set key bottom right\nset grid\n"
-              "set arrow from graph 0, first 0.85 to graph 1, first 0.85 nohead dt 2\n"
+              f"set arrow from graph 0, first {TARGETS[model][0]} to graph 1, first "
+              f"{TARGETS[model][0]} nohead dt 2\n"
               f"plot {plots}\n")
     try:
         subprocess.run(["gnuplot"], input=script.encode(), check=True)
@@ -161,7 +166,8 @@ def main():
           "namespace nodes at half a CPU each, links shaped both ways with tbf; full "
           "Fashion-MNIST, batch 64 per worker, lr 0.05, momentum 0.9; the test set every 50 "
           "global steps. Times are training seconds with the evaluations left out. \"x best "
-          "DDP\" is the soonest of the three gloo schemes' time to 0.85 divided by the scheme's.",
+          "DDP\" is the soonest of the three gloo schemes' time to the first target (0.85; 0.80 for "
+          "the residual network, which ends near 0.84 under DDP) divided by the scheme's.",
           ""]
     notes = prefix + "_notes.md"
     if os.path.exists(notes):
