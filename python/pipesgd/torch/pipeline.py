@@ -297,9 +297,7 @@ class PipelinedOptimizer(torch.optim.Optimizer):
         return torch.cat([p.detach().reshape(-1) for p in self._params])
 
     def _write_params(self, flat):
-        with torch.no_grad():
-            for p, o, k in zip(self._params, self._offsets, self._sizes):
-                p.copy_(flat[o:o + k].view_as(p))
+        self._write(self._params, flat)
 
     def _gather_local(self):
         if [id(p) for g in self.optimizer.param_groups for p in g["params"]] != self._ids:
