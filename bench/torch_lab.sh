@@ -20,7 +20,9 @@
 #   pg_w2_q4     width 2 with q4 and error feedback inside the ring
 #   pg_w2_psgd4  width 2 with pipesgd's PowerSGD, rank 4
 # SCHEMES picks some (replacing only theirs; setup.txt gains a line per run); SEED=S runs seed S
-# into MODEL/RATE-seedS/ (seed 1: MODEL/RATE/). Raw
+# into MODEL/RATE-seedS/ (seed 1: MODEL/RATE/). TIMELINE=1 runs each scheme for 125 steps (one
+# epoch of the first 32,000 samples) into MODEL/RATE-timeline/, with a timeline of steps
+# 100-119 (SCHEME/timeline.json, every rank's; the report's timeline table reads it). Raw
 # outputs (each scheme's metrics.jsonl and summary.json, rank 0's log) go to
 # RESULTS/MODEL/RATE/ (default docs/results/torch_lab). Nothing else should run meanwhile: the
 # nodes' CPU shares add up to the whole machine.
@@ -55,12 +57,15 @@ flags_of() {  # the example's flags for SCHEME
 run_rate() {
   local model="$1" rate="$2" out="$RESULTS/$1/$2"
   [[ $SEED == 1 ]] || out="$out-seed$SEED"
+  [[ ${TIMELINE:-0} == 1 ]] && out="$RESULTS/$1/$2-timeline"
   [[ $model =~ ^(mlp|cnn|resnet)$ ]] || { echo "MODEL: mlp, cnn or resnet, not '$model'" >&2; exit 2; }
   [[ $rate =~ ^(100mbit|1gbit|none)$ ]] || { echo "RATE: 100mbit, 1gbit or none, not '$rate'" >&2; exit 2; }
   PYTHONPATH=$PWD/build/python $PY -c "import pipesgd.torch" \
     || { echo "build pipesgd with PyTorch first (scripts/torch_deps.sh; cmake -S . -B build)" >&2; exit 1; }
   local s; for s in $SCHEMES; do flags_of "$s" > /dev/null; done
   local epochs=2; [[ $model == mlp ]] && epochs=3
+  local more=()
+  [[ ${TIMELINE:-0} == 1 ]] && epochs=1 more=(--train-limit 32000)
   # Only the schemes run now are replaced (SCHEMES="ddp" reruns one beside the others).
   mkdir -p "$out"
   for s in $SCHEMES; do rm -rf "${out:?}/$s" "$out/$s".*.log; done
@@ -80,6 +85,8 @@ run_rate() {
   for scheme in $SCHEMES; do
     port=$((port + 1))
     local flags; read -r -a flags <<< "$(flags_of "$scheme")"
+    [[ ${TIMELINE:-0} == 1 ]] && flags+=("${more[@]}" --timeline "$PWD/$out/$scheme/timeline.json"
+                                         --timeline-first-step 100 --timeline-steps 20)
     local t0; t0=$(date +%s.%N)
     for r in 0 1 2 3; do
       RANK=$r WORLD_SIZE=4 MASTER_ADDR=$a0 MASTER_PORT=$port GLOO_SOCKET_IFNAME=eth0 \

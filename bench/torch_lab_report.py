@@ -157,6 +157,85 @@ def plot(png, model, rate, runs):
         os.remove(dat)
 
 
+def timeline_of(path):
+    """Rank 0's mean per recorded step (ms): the step (one forward start to the next), each
+    compute span, and the AllReduce on the communication track; None without a timeline."""
+    if not os.path.exists(path):
+        return None
+    spans = [e for e in json.load(open(path))["traceEvents"] if e["ph"] == "X" and e["pid"] == 0]
+    steps = sorted({e["args"]["step"] for e in spans})
+    starts = {e["args"]["step"]: e["ts"] for e in spans if e["name"] == "forward"}
+    gaps = [starts[t + 1] - starts[t] for t in steps if t in starts and t + 1 in starts]
+    out = {"steps": len(steps), "step": sum(gaps) / len(gaps) / 1e3 if gaps else None}
+    for name in ("forward", "backward", "update", "predict", "wait_aggregate", "allreduce"):
+        # The AllReduces a step launched (the pipelined ones are tagged with it; evaluation's
+        # collectives are not AllReduces of gradients but are few: the mean is over steps).
+        out[name] = sum(e["dur"] for e in spans if e["name"] == name) / len(steps) / 1e3
+    return out
+
+
+COLORS = {"forward": "#4477aa", "backward": "#66ccee", "update": "#228833", "predict": "#ccbb44",
+          "wait_aggregate": "#ee6677", "allreduce": "#aa3377"}
+
+
+def plot_timeline(png, d, model, rate, schemes, steps=4):
+    """Rank 0's first `steps` recorded steps of each scheme, one row per track, from the start of
+    its first recorded step."""
+    dat, rows, tics = png[:-4] + ".dat", [], []
+    with open(dat, "w") as f:
+        for i, s in enumerate(schemes):
+            spans = [e for e in json.load(open(os.path.join(d, s, "timeline.json")))["traceEvents"]
+                     if e["ph"] == "X" and e["pid"] == 0 and e["name"] in COLORS]
+            first = min(e["args"]["step"] for e in spans)
+            spans = [e for e in spans if e["args"]["step"] < first + steps]
+            t0 = min(e["ts"] for e in spans if e["name"] == "forward")
+            for e in spans:
+                y = 2 * (len(schemes) - 1 - i) + (1 - e["tid"])  # compute above communication
+                x0, x1 = (e["ts"] - t0) / 1e3, (e["ts"] + e["dur"] - t0) / 1e3
+                f.write(f"{(x0 + x1) / 2:.3f} {y} {x0:.3f} {x1:.3f} {y - 0.35} {y + 0.35} "
+                        f"0x{COLORS[e['name']][1:]}\n")
+            tics += [f'"{LABELS[s]}: compute" {2 * (len(schemes) - 1 - i) + 1}',
+                     f'"communication" {2 * (len(schemes) - 1 - i)}']  # empty under gloo
+    keys = ", ".join(f"NaN with boxes fs solid lc rgb '{c}' title '{n}'" for n, c in COLORS.items())
+    script = (f"set terminal pngcairo noenhanced size 1200,{120 + 60 * len(schemes)}\n"
+              f"set output '{png}'\n"
+              f"set title 'PyTorch {model.upper()}, links {rate}: rank 0, {steps} steps from "
+              "step 100'\nset xlabel 'ms'\n"
+              f"set ytics ({', '.join(tics)})\nset yrange [-0.6:{2 * len(schemes) - 0.4}]\n"
+              "set key outside bottom horizontal\nset grid x\n"
+              f"plot '{dat}' using 1:2:3:4:5:6:7 with boxxyerror fs solid border lc rgb 'white' lc rgb variable "
+              "notitle, "
+              f"{keys}\n")
+    try:
+        subprocess.run(["gnuplot"], input=script.encode(), check=True)
+    finally:
+        os.remove(dat)
+
+
+def timeline_table(d, model, rate, prefix):
+    """The schemes' timelines (bench/torch_lab.sh with TIMELINE=1): where a step's time goes."""
+    rows = {s: t for s in LABELS if (t := timeline_of(os.path.join(d, s, "timeline.json")))}
+    if not rows:
+        return []
+    setup = open(os.path.join(d, "setup.txt")).read().strip().replace("\n", "; ")
+    md = [f"### {model.upper()}, links {rate}: timelines of steps 100-119", "", f"`{setup}`", "",
+          "Rank 0's mean per step in ms, from each scheme's `timeline.json` in "
+          f"`{d}/` (open it in https://ui.perfetto.dev). Compute: forward + backward + update + "
+          "predict; under DDP backward includes the AllReduce of every bucket but the last "
+          "(gloo's run inside it); AllReduce: the pipesgd backend's communication track.", "",
+          "| scheme | step | forward | backward | update + predict | wait for the aggregate | "
+          "AllReduce | step - compute |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for s, t in rows.items():
+        compute = t["forward"] + t["backward"] + t["update"] + t["predict"]
+        md.append(f"| {LABELS[s]} | {fmt(t['step'], '.1f', 'n/a')} | {t['forward']:.1f} | "
+                  f"{t['backward']:.1f} | {t['update'] + t['predict']:.1f} | "
+                  f"{t['wait_aggregate']:.1f} | "
+                  f"{t['allreduce']:.1f} | {fmt(t['step'] - compute if t['step'] else None, '.1f', 'n/a')} |")
+    png = f"{prefix}_timeline_{model}_{rate}.png"
+    plot_timeline(png, d, model, rate, list(rows))
+    return md + ["", f"![rank 0's spans, {model}, {rate}]({os.path.basename(png)})", ""]
+
+
 def main():
     results, prefix = sys.argv[1], sys.argv[2]
     md = ["# PyTorch DDP on the pipesgd backend against DDP over gloo", "",
@@ -178,6 +257,8 @@ def main():
             if 1 in dirs:
                 md += seed1_table(dirs[1], model, rate, prefix)
             md += seeds_table(dirs, model, rate)
+            md += timeline_table(os.path.join(results, model, rate + "-timeline"), model, rate,
+                                 prefix)
     open(prefix + ".md", "w").write("\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -21,6 +21,8 @@ Each rank trains on its contiguous slice of every global batch (--batch per work
 per-epoch shuffle seeded by --seed. The test set is evaluated every --eval-every global steps
 and at each epoch's end; with --out DIR rank 0 writes DIR/metrics.jsonl and DIR/summary.json in
 pipesgd's own schema, so `pipesgd report runs/torch_q8 runs/native_q8` compares the two.
+--timeline FILE writes a Chrome trace of 20 steps of every rank (pipesgd.torch.Timeline: forward,
+backward, the optimizer's parts and the backend's collectives; open it in ui.perfetto.dev).
 """
 import argparse
 import contextlib
@@ -102,6 +104,13 @@ def parse_args():
     p.add_argument("--train-limit", type=int, default=0, help="first N samples (0: all)")
     p.add_argument("--test-limit", type=int, default=0, help="first N samples (0: all)")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist/")
+    p.add_argument("--timeline", default="",
+                   help="FILE: a Chrome trace of --timeline-steps steps, every rank's (rank 0 "
+                        "writes it; the format of pipesgd run --timeline)")
+    p.add_argument("--timeline-first-step", default="auto",
+                   help="the first step recorded (auto: the first steady one, after "
+                        "--sync-warmup-steps at --width 2, plus 10)")
+    p.add_argument("--timeline-steps", type=int, default=20)
     a = p.parse_args()
     # Checked before any rank connects, so every rank stops with the same message.
     if a.width == 1:
@@ -122,6 +131,16 @@ def parse_args():
                              ("--test-limit", a.test_limit, 0)):
         if value < low:
             p.error(f"{name} {value}: expected an integer >= {low}")
+    if a.timeline_first_step != "auto":
+        try:
+            a.timeline_first_step = int(a.timeline_first_step)
+        except ValueError:
+            a.timeline_first_step = -1
+        if a.timeline_first_step < 0:
+            p.error(f"--timeline-first-step {a.timeline_first_step}: expected auto or an "
+                    "integer >= 0")
+    if a.timeline_steps < 1:
+        p.error(f"--timeline-steps {a.timeline_steps}: expected an integer >= 1")
     if not a.lr > 0 or not 0 <= a.momentum < 1:
         p.error(f"--lr {a.lr} --momentum {a.momentum}: expected lr > 0 and momentum in [0, 1)")
     if a.compression != "none" and a.backend != "pipesgd":
@@ -156,16 +175,17 @@ def launcher_name():
     return "Slurm" if "SLURM_PROCID" in os.environ else "none"
 
 
-def import_pipesgd(backend, launcher, width):
+def import_pipesgd(backend, launcher, width, timeline):
     """pipesgd.torch, or None where gloo can do without it (RANK etc. already set, DDP)."""
     try:
         import pipesgd.torch
         return pipesgd.torch
     except ImportError as e:
-        if backend == "gloo" and launcher in ("RANK/WORLD_SIZE", "none") and width == 1:
+        if (backend == "gloo" and launcher in ("RANK/WORLD_SIZE", "none") and width == 1
+                and not timeline):
             return None
         need = ("--backend pipesgd" if backend == "pipesgd" else "--width 2" if width == 2
-                else f"reading {launcher}'s ranks")
+                else "--timeline" if timeline else f"reading {launcher}'s ranks")
         sys.exit(f"{PROG}: {need} needs pipesgd.torch, which cannot be imported ({e}); set "
                  "PYTHONPATH=<build>/python (a pipesgd build configured with PyTorch)")
 
@@ -232,7 +252,7 @@ def counting(hook, count):
     return counted
 
 
-def distribute(args, model, pt, count):
+def distribute(args, model, pt, count, timeline):
     """(the module to call, its optimizer, the gradients' codec, their compression ratio):
     DDP with a hook at --width 1, pipesgd's PipelinedOptimizer instead of DDP at --width 2."""
     if args.width == 2:
@@ -240,7 +260,8 @@ def distribute(args, model, pt, count):
             torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum), model,
             width=2, sync_warmup_steps=args.sync_warmup_steps,
             compensation=args.staleness_compensation, compression=args.compression,
-            error_feedback=args.error_feedback, powersgd_rank=args.powersgd_rank)
+            error_feedback=args.error_feedback, powersgd_rank=args.powersgd_rank,
+            timeline=timeline)
         if args.powersgd_rank:
             return model, opt, f"pipesgd's PowerSGD rank {args.powersgd_rank}", None
         if args.compression != "none":
@@ -280,7 +301,7 @@ def main():
     torch.set_num_threads(1)  # one thread per rank, as pipesgd's workers compute
     xtr, ytr, xte, yte = load_data(args)
     launcher = launcher_name()
-    pt = import_pipesgd(args.backend, launcher, args.width)
+    pt = import_pipesgd(args.backend, launcher, args.width, args.timeline)
     if pt is not None:
         pt.launch_env()
     if launcher == "none":  # a single process, started by hand
@@ -304,8 +325,17 @@ def main():
     params = sum(q.numel() for q in model.parameters())
     count = {"calls": 0, "buckets": 1 if args.width == 2 else 0}
     pipesgd_hook = args.compression != "none" or (args.powersgd_rank > 0 and args.hook == "none")
-    net, opt, codec, ratio = distribute(args, model, pt, count)
     pipelined = args.width == 2
+    timeline = None
+    if args.timeline:
+        first, n = args.timeline_first_step, args.timeline_steps
+        if first == "auto":
+            first = (args.sync_warmup_steps if pipelined else 0) + 10
+        total = steps_per_epoch * args.epochs
+        if first + n > total and args.timeline_first_step == "auto":
+            first = max(total - n, 0)  # a short run: its last steps
+        timeline = pt.Timeline(first_step=first, steps=n)
+    net, opt, codec, ratio = distribute(args, model, pt, count, timeline)
     describe = ""
     if args.backend == "pipesgd":
         pg = dist.distributed_c10d._get_default_group()
@@ -344,10 +374,19 @@ def main():
             args.seed * 1000 + epoch))
         for s in range(steps_per_epoch):
             idx = perm[(s * world + rank) * b:(s * world + rank + 1) * b]
+            if timeline:
+                timeline.at(step)
+            span = timeline.span if timeline else lambda name: contextlib.nullcontext()
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(net(xtr[idx]), ytr[idx])
-            loss.backward()  # with DDP, returns once DDP has every bucket's average
-            opt.step()
+            with span("forward"):
+                loss = loss_fn(net(xtr[idx]), ytr[idx])
+            with span("backward"):
+                loss.backward()  # with DDP, returns once DDP has every bucket's average
+            if pipelined:
+                opt.step()  # its own spans: update, wait_aggregate, predict
+            else:
+                with span("update"):
+                    opt.step()
             loss_sum += loss.item()
             loss_steps += 1
             step += 1
@@ -403,6 +442,12 @@ def main():
     train_s = time.perf_counter() - start - eval_s
     if pipelined:
         opt.finish()  # no AllReduce left in flight when the group goes
+    if timeline:
+        spans = timeline.write(args.timeline)
+        if rank == 0:
+            print(f"{PROG}: timeline of steps {timeline.first_step}-"
+                  f"{timeline.first_step + timeline.steps - 1}: {spans} spans in {args.timeline}",
+                  flush=True)
     steady = max(step - WARMUP_STEPS, 0)
 
     if rank == 0:

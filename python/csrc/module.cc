@@ -1,6 +1,8 @@
 // pipesgd._torch: the Python face of the c10d backend (python/pipesgd/torch/__init__.py
 // registers it). Built against torch's own pybind11 type registry, so the ProcessGroup returned
 // here is a torch.distributed ProcessGroup that DDP and every torch.distributed call accept.
+#include <tuple>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -38,11 +40,20 @@ PYBIND11_MODULE(_torch, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
            py::arg("overrides"), py::call_guard<py::gil_scoped_release>())
       .def("_allreduce_codec", &ProcessGroupPipesgd::AllReduceCodec, py::arg("bucket"),
-           py::arg("key"), py::arg("codec"), py::arg("error_feedback"),
+           py::arg("key"), py::arg("codec"), py::arg("error_feedback"), py::arg("step") = -1,
            py::call_guard<py::gil_scoped_release>())
       .def("_allreduce_powersgd", &ProcessGroupPipesgd::AllReducePowerSgd, py::arg("bucket"),
            py::arg("key"), py::arg("matrices"), py::arg("rank"), py::arg("compress"),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("step") = -1, py::call_guard<py::gil_scoped_release>())
+      // [(name, step, begin_s, end_s)]: the collectives finished since the last call.
+      .def("_take_spans",
+           [](ProcessGroupPipesgd& pg) {
+             std::vector<std::tuple<std::string, int64_t, double, double>> out;
+             for (pipesgd::torch_backend::CommSpan& s : pg.TakeSpans()) {
+               out.emplace_back(std::move(s.name), s.step, s.begin_s, s.end_s);
+             }
+             return out;
+           })
       .def("_last_hook_stats", &ProcessGroupPipesgd::last_hook_stats)
       .def("describe", &ProcessGroupPipesgd::Describe);
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <optional>
 #include <sstream>
@@ -21,6 +22,10 @@
 namespace pipesgd::torch_backend {
 
 namespace {
+
+double Seconds(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
 
 // c10d's Store answers in bytes.
 std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
@@ -248,11 +253,12 @@ ProcessGroupPipesgd::~ProcessGroupPipesgd() {
 c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::Enqueue(OpType type,
                                                           std::vector<at::Tensor> outputs,
                                                           Body body,
-                                                          std::chrono::milliseconds timeout) {
+                                                          std::chrono::milliseconds timeout,
+                                                          int64_t step) {
   auto work = c10::make_intrusive<PipesgdWork>(getRank(), type, std::move(outputs));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({work, std::move(body), timeout});
+    queue_.push_back({work, std::move(body), timeout, type, step});
   }
   wake_.notify_one();
   return work;
@@ -271,10 +277,20 @@ void ProcessGroupPipesgd::Loop() {
     const double seconds =
         TimeoutSet(task.timeout) ? task.timeout.count() / 1000.0 : collective_timeout_s_;
     std::exception_ptr error;
+    const auto begin = std::chrono::steady_clock::now();
     try {
       task.body(Deadline::After(seconds));
     } catch (...) {
       error = std::current_exception();
+    }
+    const auto end = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (spans_.size() == kMaxSpans) spans_.pop_front();
+      std::string name = ::c10d::opTypeToString(task.type);
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      spans_.push_back({std::move(name), task.step, Seconds(begin), Seconds(end)});
     }
     task.work->Complete(error);
   }
@@ -487,7 +503,8 @@ void CheckBucket(const at::Tensor& bucket, const char* what, int rank) {
 
 c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::AllReduceCodec(at::Tensor bucket, int64_t key,
                                                                  const std::string& codec,
-                                                                 bool error_feedback) {
+                                                                 bool error_feedback,
+                                                                 int64_t step) {
   CheckBucket(bucket, "codec hook", getRank());
   const std::optional<CodecKind> kind = ParseCodec(codec);
   if (!kind) {
@@ -512,12 +529,12 @@ c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::AllReduceCodec(at::Tensor buck
     const collective::WireStats& s = b.ring->last_wire_stats();
     std::lock_guard<std::mutex> lock(mutex_);
     hook_stats_ = {s.bytes_sent, s.payload_bytes, s.raw_payload_bytes, s.compressed};
-  }, std::chrono::milliseconds(-1));
+  }, std::chrono::milliseconds(-1), step);
 }
 
 c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::AllReducePowerSgd(
     at::Tensor bucket, int64_t key, std::vector<std::vector<int64_t>> matrices, int rank,
-    bool compress) {
+    bool compress, int64_t step) {
   CheckBucket(bucket, "PowerSGD hook", getRank());
   if (rank < 1 || rank > 64) {
     Throw(ErrorCode::kInvalidArgument,
@@ -567,7 +584,15 @@ c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::AllReducePowerSgd(
     const collective::WireStats& s = b.powersgd->last_wire_stats();
     std::lock_guard<std::mutex> lock(mutex_);
     hook_stats_ = {s.bytes_sent, s.payload_bytes, s.raw_payload_bytes, s.compressed};
-  }, std::chrono::milliseconds(-1));
+  }, std::chrono::milliseconds(-1), step);
+}
+
+std::vector<CommSpan> ProcessGroupPipesgd::TakeSpans() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<CommSpan> out(std::make_move_iterator(spans_.begin()),
+                            std::make_move_iterator(spans_.end()));
+  spans_.clear();
+  return out;
 }
 
 HookWireStats ProcessGroupPipesgd::last_hook_stats() const {

@@ -51,6 +51,16 @@ struct BackendOptions {
   double timeout_s = 1800;
 };
 
+// One collective on the communication thread, from its start there to its end (not from the
+// call: a call queued behind another waits first), for a timeline (python/pipesgd/torch/
+// timeline.py). Seconds on the steady clock, which is time.perf_counter()'s on Linux.
+struct CommSpan {
+  std::string name;  // "allreduce", "broadcast", ... (c10d's op type, lower case)
+  int64_t step = -1;  // the caller's step, where it gave one (the Pipe-SGD optimizer does)
+  double begin_s = 0;
+  double end_s = 0;
+};
+
 // What one codec hook call sent (for the wire-bytes checks and benchmarks).
 struct HookWireStats {
   uint64_t bytes_sent = 0;
@@ -91,15 +101,20 @@ class ProcessGroupPipesgd final : public BackendBase {
   // "sign1"), error feedback kept per `key` (the bucket's index) across calls; every rank ends
   // with bitwise the same values.
   c10::intrusive_ptr<WorkBase> AllReduceCodec(at::Tensor bucket, int64_t key,
-                                              const std::string& codec, bool error_feedback);
+                                              const std::string& codec, bool error_feedback,
+                                              int64_t step = -1);
   // The average of a float32 bucket by PowerSGD (core/collective/powersgd.h) of rank `rank`:
   // `matrices` are (offset, rows, cols) of the bucket's weight matrices; the factors, the warm
   // start and the residuals are kept per `key`. compress = false: a plain average (warm-up).
   c10::intrusive_ptr<WorkBase> AllReducePowerSgd(at::Tensor bucket, int64_t key,
                                                  std::vector<std::vector<int64_t>> matrices,
-                                                 int rank, bool compress);
+                                                 int rank, bool compress, int64_t step = -1);
   // What the last codec or PowerSGD call sent (read after its Work completed).
   HookWireStats last_hook_stats() const;
+  // The spans of the collectives finished since the last call, oldest first (the newest
+  // kMaxSpans at most: a caller that never takes them costs a bounded buffer).
+  std::vector<CommSpan> TakeSpans();
+  static constexpr size_t kMaxSpans = 1 << 16;
   // "tcp 127.0.0.1:41234, 1 stream, chunks of 1048576 bytes".
   std::string Describe() const { return describe_; }
 
@@ -107,7 +122,7 @@ class ProcessGroupPipesgd final : public BackendBase {
   using Body = std::function<void(Deadline)>;
   // Queues `body` for the communication thread; the Work completes when it returns or throws.
   c10::intrusive_ptr<WorkBase> Enqueue(OpType type, std::vector<at::Tensor> outputs, Body body,
-                                       std::chrono::milliseconds timeout);
+                                       std::chrono::milliseconds timeout, int64_t step = -1);
   void Loop();
   // In place on the ring: a contiguous CPU tensor of any dtype, any reduction (see the top).
   void Reduce(at::Tensor& tensor, Reduction op, Deadline deadline);
@@ -139,10 +154,13 @@ class ProcessGroupPipesgd final : public BackendBase {
     c10::intrusive_ptr<PipesgdWork> work;
     Body body;
     std::chrono::milliseconds timeout;
+    OpType type = OpType::UNKNOWN;
+    int64_t step = -1;
   };
   std::deque<Task> queue_;
   bool stopping_ = false;
   HookWireStats hook_stats_;
+  std::deque<CommSpan> spans_;
   std::atomic<bool> abort_{false};
   std::thread thread_;
 };

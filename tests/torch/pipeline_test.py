@@ -292,6 +292,59 @@ def run_subgroups(rank):
     return opt.digest()
 
 
+def run_timeline(rank):
+    """Steps 3-6 of a width-2 run (warm-up 2) and steps 1-2 of DDP with pipesgd's q8 hook (its
+    AllReduces untagged), each in a file rank 0 writes; bad arguments named."""
+    import json
+    import tempfile
+    import torch
+    import torch.nn as nn
+    from pipesgd.torch import CodecState, Timeline, codec_hook
+    out = {}
+    # The ranks are children of one parent: the same path on both, and only rank 0 writes.
+    base = os.path.join(tempfile.gettempdir(), f"pipesgd-timeline-{os.getppid()}")
+    for name in ("pipelined", "ddp"):
+        model = _model()
+        timeline = Timeline(first_step=3 if name == "pipelined" else 1, steps=4 if name ==
+                            "pipelined" else 2)
+        if name == "pipelined":
+            opt, net = _optimizer(model, width=2, sync_warmup_steps=2, timeline=timeline), model
+        else:
+            net = nn.parallel.DistributedDataParallel(model)
+            net.register_comm_hook(CodecState(codec="q8"), codec_hook)
+            opt = torch.optim.SGD(net.parameters(), lr=LR)
+        for t in range(10 if name == "pipelined" else 4):
+            timeline.at(t)
+            opt.zero_grad()
+            x, y = _batch(rank, t)
+            with timeline.span("forward"):
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+            with timeline.span("backward"):
+                loss.backward()
+            opt.step()
+        if name == "pipelined":
+            opt.finish()
+        written = timeline.write(f"{base}.{name}.json")
+        if rank == 0:
+            with open(f"{base}.{name}.json") as f:
+                out[name] = (written, json.load(f)["traceEvents"])
+            os.remove(f"{base}.{name}.json")
+    bad = []
+    for kw in ({"first_step": -1}, {"first_step": 0, "steps": 0}, {"first_step": 1.5}):
+        try:
+            Timeline(**kw)
+            bad.append(None)
+        except ValueError as e:
+            bad.append(str(e))
+    try:
+        _optimizer(_model(), timeline="yes")
+        bad.append(None)
+    except ValueError as e:
+        bad.append(str(e))
+    out["bad"] = bad
+    return out
+
+
 RECURRENCE = {"steps": 9, "warmup": 3}
 REPLICAS = ({"width": 2, "sync_warmup_steps": 3},
             {"width": 2, "sync_warmup_steps": 3, "compression": "q4", "error_feedback": True},
@@ -313,7 +366,8 @@ def two_ranks(rank, world):
            "bad": run_bad_arguments(gloo),
            "frozen": run_frozen(rank),
            "mismatch": run_mismatch(rank),
-           "groups": run_groups_and_schedulers(rank)}
+           "groups": run_groups_and_schedulers(rank),
+           "timeline": run_timeline(rank)}
     dist.destroy_process_group()
     return out
 
@@ -418,6 +472,39 @@ class PipelineTest(unittest.TestCase):
             self.assertTrue(trained, "the added group was not trained")
             self.assertEqual(digest, got[0]["groups"][2])
             self.assertIn("add_param_group", refused or "")
+
+    def test_timeline_of_the_pipelined_steps_and_of_ddp(self):
+        got = results(2, self)[0]["timeline"]
+        written, events = got["pipelined"]
+        spans = [e for e in events if e["ph"] == "X"]
+        self.assertEqual(written, len(spans))
+        self.assertEqual({e["pid"] for e in events}, {0, 1})
+
+        def of(rank, name, step):
+            found = [e for e in spans if (e["pid"], e["name"], e["args"]["step"]) ==
+                     (rank, name, step)]
+            self.assertEqual(len(found), 1, f"rank {rank} {name} step {step}: {found}")
+            return found[0]["ts"], found[0]["ts"] + found[0]["dur"]
+        self.assertEqual({e["args"]["step"] for e in spans}, {3, 4, 5, 6})
+        for rank in range(2):
+            for t in range(3, 7):
+                for name in ("forward", "backward", "update", "wait_aggregate", "predict"):
+                    self.assertEqual([e["tid"] for e in spans if (e["pid"], e["name"],
+                                     e["args"]["step"]) == (rank, name, t)], [0])
+                # The AllReduce of step t starts after its backward and, at width 2, ends
+                # before step t + 1's wait for it does (1 us: the file's rounding).
+                begin, end = of(rank, "allreduce", t)
+                self.assertGreaterEqual(begin + 1, of(rank, "backward", t)[1])
+                if t + 1 < 7:
+                    self.assertLessEqual(end, of(rank, "wait_aggregate", t + 1)[1] + 1)
+        written, events = got["ddp"]
+        comm = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
+        # DDP's hook calls are untagged: each is the step during which it started (one bucket).
+        self.assertEqual(sorted((e["pid"], e["args"]["step"]) for e in comm if
+                                e["name"] == "allreduce"), [(0, 1), (0, 2), (1, 1), (1, 2)])
+        expect = ["first_step -1", "steps 0", "first_step 1.5", "timeline: expected"]
+        for message, words in zip(got["bad"], expect):
+            self.assertIn(words, message or "")
 
     def test_a_subgroup_without_global_rank_zero(self):
         got = results(4, self)

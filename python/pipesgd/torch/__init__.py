@@ -11,7 +11,8 @@ PIPESGD_COMM environment variable ("transport=ucx,chunk_bytes=auto"; the dict wi
 must pass the same settings; a rank that does not is named on every rank before anything
 connects.
 
-Pipe-SGD for any model: PipelinedOptimizer (pipeline.py), used instead of DDP.
+Pipe-SGD for any model: PipelinedOptimizer (pipeline.py), used instead of DDP. A timeline of
+the steps, in `pipesgd run --timeline`'s format: Timeline (timeline.py).
 """
 import datetime
 import os
@@ -23,6 +24,7 @@ from pipesgd._torch import ProcessGroupPipesgd  # noqa: F401 (re-exported)
 from pipesgd.torch.hooks import (  # noqa: F401 (re-exported)
     CodecState, PowerSgdState, codec_hook, powersgd_hook, wire_stats)
 from pipesgd.torch.pipeline import PipelinedOptimizer  # noqa: F401 (re-exported)
+from pipesgd.torch.timeline import Timeline  # noqa: F401 (re-exported)
 
 BACKEND = "pipesgd"
 

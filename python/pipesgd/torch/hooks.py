@@ -8,17 +8,33 @@ the ring (every hop decodes, adds in float32 and re-encodes; error feedback at e
 kept per bucket across steps), averaged, so every rank ends with bitwise the same bucket. The
 process group must be the "pipesgd" backend's.
 """
+import torch
 import torch.distributed as dist
 
 CODECS = ("none", "trunc16", "fp16", "q8", "q4", "sign1")
 
 
-def _pipesgd_group(group):
+def _backend_of(group):
+    """pipesgd's backend object behind `group`, or None for another backend."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if not hasattr(pg, "_allreduce_codec"):
+    if hasattr(pg, "_allreduce_codec"):
+        return pg
+    if hasattr(pg, "_get_backend"):  # torch >= 2.0 wraps backends; 1.13 does not
+        try:
+            inner = pg._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            return None
+        return inner if hasattr(inner, "_allreduce_codec") else None
+    return None
+
+
+def _pipesgd_group(group):
+    pg = _backend_of(group)
+    if pg is None:
+        named = group if group is not None else dist.distributed_c10d._get_default_group()
         raise ValueError(
             f"pipesgd's DDP hooks need a process group of the pipesgd backend "
-            f"(init_process_group('pipesgd')), got {type(pg).__name__}")
+            f"(init_process_group('pipesgd')), got {type(named).__name__}")
     return pg
 
 

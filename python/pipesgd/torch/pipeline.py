@@ -40,26 +40,13 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from pipesgd.torch.hooks import CODECS
+from pipesgd.torch.hooks import CODECS, _backend_of
+from pipesgd.torch.timeline import Timeline
 
 COMPENSATIONS = ("local_gradient", "momentum", "none")
 # Hook buckets are keyed by DDP's bucket index (0, 1, ...); each optimizer takes a key of its
 # own far above them, so its error-feedback residuals and PowerSGD factors are its own.
 _KEYS = itertools.count(1 << 40)
-
-
-def _backend_of(group):
-    """pipesgd's backend object behind `group`, or None for another backend."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if hasattr(pg, "_allreduce_codec"):
-        return pg
-    if hasattr(pg, "_get_backend"):  # torch >= 2.0 wraps backends; 1.13 does not
-        try:
-            inner = pg._get_backend(torch.device("cpu"))
-        except RuntimeError:
-            return None
-        return inner if hasattr(inner, "_allreduce_codec") else None
-    return None
 
 
 def _check_arguments(optimizer, model, width, sync_warmup_steps, compensation, compression,
@@ -106,14 +93,19 @@ class PipelinedOptimizer(torch.optim.Optimizer):
     error_feedback=True, trains like "none"), or powersgd_rank R >= 1 for pipesgd's PowerSGD;
     both need the pipesgd backend, the plain average runs on any backend. Gradients under
     comm.min_bytes (64 KiB) travel uncompressed. It is a torch Optimizer (for LR schedulers):
-    its param_groups and state are the wrapped optimizer's."""
+    its param_groups and state are the wrapped optimizer's. timeline: a Timeline (timeline.py)
+    that gets step()'s spans (update, wait_aggregate, predict) and the step of each AllReduce."""
 
     def __init__(self, optimizer, model, width=2, sync_warmup_steps=50,
                  compensation="local_gradient", compression="none", error_feedback=False,
-                 powersgd_rank=0, process_group=None):
+                 powersgd_rank=0, process_group=None, timeline=None):
         # Not torch.optim.Optimizer.__init__: the wrapped optimizer keeps the groups and state.
         _check_arguments(optimizer, model, width, sync_warmup_steps, compensation, compression,
                          error_feedback, powersgd_rank)
+        if timeline is not None and not isinstance(timeline, Timeline):
+            raise ValueError(f"timeline: expected a pipesgd.torch.Timeline or None, got "
+                             f"{type(timeline).__name__}")
+        self.timeline = timeline
         self.optimizer = optimizer
         self.defaults = optimizer.defaults
         self.model = model
@@ -318,10 +310,10 @@ class PipelinedOptimizer(torch.optim.Optimizer):
         buf.copy_(gradient)
         if self.powersgd_rank:
             work = self._backend._allreduce_powersgd(buf, self._key, self._matrices,
-                                                     self.powersgd_rank, True)
+                                                     self.powersgd_rank, True, self.steps)
         elif self._backend is not None:
             work = self._backend._allreduce_codec(buf, self._key, self.compression,
-                                                  self.error_feedback)
+                                                  self.error_feedback, self.steps)
         else:
             work = dist.all_reduce(buf, group=self.group, async_op=True)
         self._inflight.append((work, buf))
@@ -330,7 +322,8 @@ class PipelinedOptimizer(torch.optim.Optimizer):
         """The oldest AllReduce in flight, finished: its average."""
         work, buf = self._inflight.popleft()
         start = time.perf_counter()
-        work.wait()
+        with self._span("wait_aggregate"):
+            work.wait()
         self.wait_s += time.perf_counter() - start
         if self._backend is None:
             buf.div_(self._world)  # gloo has no AVG: a sum, averaged here
@@ -345,7 +338,8 @@ class PipelinedOptimizer(torch.optim.Optimizer):
             aggregate = self._wait()
         else:
             return
-        self._optimizer_step(aggregate)
+        with self._span("update"):
+            self._optimizer_step(aggregate)
         self.applied += 1
 
     def _optimizer_step(self, flat_gradient):
@@ -361,10 +355,17 @@ class PipelinedOptimizer(torch.optim.Optimizer):
             for p, g in zip(self._params, saved):
                 p.grad = g
 
+    def _span(self, name):
+        return self.timeline.span(name) if self.timeline is not None else contextlib.nullcontext()
+
     def _predict(self):
         if self.compensation == "none":
             self._true = None
             return
+        with self._span("predict"):
+            self._predict_now()
+
+    def _predict_now(self):
         self._true = self._flat_params()
         # The optimizer's state is set aside and put back: a prediction must leave no trace.
         state = self.optimizer.state
