@@ -59,9 +59,9 @@ class Recorder : public train::Reporter {
     eta_s.push_back(p.eta_s);
     elapsed_s.push_back(p.elapsed_s);
   }
-  void Evaluated(const Evaluation& e, int epochs) override {
+  void Evaluated(const Evaluation& e, int total_epochs) override {
     evaluations.push_back(e);
-    this->epochs = epochs;
+    epochs = total_epochs;
   }
   struct Line {
     int epoch;
