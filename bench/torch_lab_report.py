@@ -164,6 +164,8 @@ def timeline_of(path):
         return None
     spans = [e for e in json.load(open(path))["traceEvents"] if e["ph"] == "X" and e["pid"] == 0]
     steps = sorted({e["args"]["step"] for e in spans})
+    if not steps:
+        return None
     starts = {e["args"]["step"]: e["ts"] for e in spans if e["name"] == "forward"}
     gaps = [starts[t + 1] - starts[t] for t in steps if t in starts and t + 1 in starts]
     out = {"steps": len(steps), "step": sum(gaps) / len(gaps) / 1e3 if gaps else None}
@@ -181,12 +183,13 @@ COLORS = {"forward": "#4477aa", "backward": "#66ccee", "update": "#228833", "pre
 def plot_timeline(png, d, model, rate, schemes, steps=4):
     """Rank 0's first `steps` recorded steps of each scheme, one row per track, from the start of
     its first recorded step."""
-    dat, rows, tics = png[:-4] + ".dat", [], []
+    dat, tics, firsts = png[:-4] + ".dat", [], []
     with open(dat, "w") as f:
         for i, s in enumerate(schemes):
             spans = [e for e in json.load(open(os.path.join(d, s, "timeline.json")))["traceEvents"]
                      if e["ph"] == "X" and e["pid"] == 0 and e["name"] in COLORS]
             first = min(e["args"]["step"] for e in spans)
+            firsts.append(first)
             spans = [e for e in spans if e["args"]["step"] < first + steps]
             t0 = min(e["ts"] for e in spans if e["name"] == "forward")
             for e in spans:
@@ -200,7 +203,7 @@ def plot_timeline(png, d, model, rate, schemes, steps=4):
     script = (f"set terminal pngcairo noenhanced size 1200,{120 + 60 * len(schemes)}\n"
               f"set output '{png}'\n"
               f"set title 'PyTorch {model.upper()}, links {rate}: rank 0, {steps} steps from "
-              "step 100'\nset xlabel 'ms'\n"
+              f"step {min(firsts)}'\nset xlabel 'ms'\n"
               f"set ytics ({', '.join(tics)})\nset yrange [-0.6:{2 * len(schemes) - 0.4}]\n"
               "set key outside bottom horizontal\nset grid x\n"
               f"plot '{dat}' using 1:2:3:4:5:6:7 with boxxyerror fs solid border lc rgb 'white' lc rgb variable "

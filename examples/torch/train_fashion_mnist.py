@@ -21,8 +21,9 @@ Each rank trains on its contiguous slice of every global batch (--batch per work
 per-epoch shuffle seeded by --seed. The test set is evaluated every --eval-every global steps
 and at each epoch's end; with --out DIR rank 0 writes DIR/metrics.jsonl and DIR/summary.json in
 pipesgd's own schema, so `pipesgd report runs/torch_q8 runs/native_q8` compares the two.
---timeline FILE writes a Chrome trace of 20 steps of every rank (pipesgd.torch.Timeline: forward,
-backward, the optimizer's parts and the backend's collectives; open it in ui.perfetto.dev).
+--timeline FILE writes a Chrome trace of --timeline-steps steps (20) of every rank
+(pipesgd.torch.Timeline: forward, backward, the optimizer's parts and the backend's collectives;
+open it in ui.perfetto.dev).
 """
 import argparse
 import contextlib
@@ -132,13 +133,13 @@ def parse_args():
         if value < low:
             p.error(f"{name} {value}: expected an integer >= {low}")
     if a.timeline_first_step != "auto":
+        given = a.timeline_first_step
         try:
-            a.timeline_first_step = int(a.timeline_first_step)
+            a.timeline_first_step = int(given)
         except ValueError:
             a.timeline_first_step = -1
         if a.timeline_first_step < 0:
-            p.error(f"--timeline-first-step {a.timeline_first_step}: expected auto or an "
-                    "integer >= 0")
+            p.error(f"--timeline-first-step {given}: expected auto or an integer >= 0")
     if a.timeline_steps < 1:
         p.error(f"--timeline-steps {a.timeline_steps}: expected an integer >= 1")
     if not a.lr > 0 or not 0 <= a.momentum < 1:
@@ -332,8 +333,14 @@ def main():
         if first == "auto":
             first = (args.sync_warmup_steps if pipelined else 0) + 10
         total = steps_per_epoch * args.epochs
+        if first >= total and args.timeline_first_step != "auto":
+            sys.exit(f"{PROG}: --timeline-first-step {first}: this run has only {total} steps "
+                     f"({steps_per_epoch} per epoch x {args.epochs} epochs)")
         if first + n > total and args.timeline_first_step == "auto":
             first = max(total - n, 0)  # a short run: its last steps
+            if rank == 0 and pipelined and first < args.sync_warmup_steps:
+                print(f"{PROG}: the timeline (steps {first}-{first + n - 1} of {total}) starts "
+                      f"in the {args.sync_warmup_steps} synchronous warm-up steps", flush=True)
         timeline = pt.Timeline(first_step=first, steps=n)
     net, opt, codec, ratio = distribute(args, model, pt, count, timeline)
     describe = ""
@@ -440,6 +447,8 @@ def main():
             loss_sum, loss_steps, last_eval_step, last_eval_wall = 0.0, 0, step, wall
             wire_window, wire_known = 0, True
     train_s = time.perf_counter() - start - eval_s
+    if timeline:
+        timeline.stop()  # finish() and the summary's collectives are no step's
     if pipelined:
         opt.finish()  # no AllReduce left in flight when the group goes
     if timeline:

@@ -336,12 +336,25 @@ def run_timeline(rank):
             bad.append(None)
         except ValueError as e:
             bad.append(str(e))
-    try:
-        _optimizer(_model(), timeline="yes")
-        bad.append(None)
-    except ValueError as e:
-        bad.append(str(e))
+    import torch.distributed as dist
+    other = dist.new_group(backend="gloo")
+    for kw in ({"timeline": "yes"},
+               {"timeline": Timeline(first_step=0), "process_group": other},  # default group's
+               {"timeline": Timeline(first_step=0, process_group=other), "process_group": other}):
+        try:
+            _optimizer(_model(), **kw)
+            bad.append(None)
+        except ValueError as e:
+            bad.append(str(e))
     out["bad"] = bad
+    # The same group named two ways is the same group.
+    _optimizer(_model(), timeline=Timeline(first_step=0), process_group=dist.group.WORLD)
+    # Rank 0 cannot write: every rank hears it, none waits.
+    try:
+        timeline.write("/nonexistent-pipesgd-dir/timeline.json")
+        out["bad_write"] = None
+    except RuntimeError as e:
+        out["bad_write"] = str(e)
     return out
 
 
@@ -502,9 +515,17 @@ class PipelineTest(unittest.TestCase):
         # DDP's hook calls are untagged: each is the step during which it started (one bucket).
         self.assertEqual(sorted((e["pid"], e["args"]["step"]) for e in comm if
                                 e["name"] == "allreduce"), [(0, 1), (0, 2), (1, 1), (1, 2)])
-        expect = ["first_step -1", "steps 0", "first_step 1.5", "timeline: expected"]
+        expect = ["first_step -1", "steps 0", "first_step 1.5", "timeline: expected",
+                  "another process group", None]
+        self.assertEqual(len(got["bad"]), len(expect))
         for message, words in zip(got["bad"], expect):
-            self.assertIn(words, message or "")
+            if words is None:  # a timeline on the optimizer's own group
+                self.assertIsNone(message)
+            else:
+                self.assertIn(words, message or "")
+        for rank in range(2):
+            self.assertIn("rank 0 cannot write /nonexistent-pipesgd-dir/timeline.json",
+                          results(2, self)[rank]["timeline"]["bad_write"] or "")
 
     def test_a_subgroup_without_global_rank_zero(self):
         got = results(4, self)

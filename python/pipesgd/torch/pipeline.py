@@ -105,6 +105,12 @@ class PipelinedOptimizer(torch.optim.Optimizer):
         if timeline is not None and not isinstance(timeline, Timeline):
             raise ValueError(f"timeline: expected a pipesgd.torch.Timeline or None, got "
                              f"{type(timeline).__name__}")
+        default = dist.distributed_c10d._get_default_group
+        if timeline is not None and ((timeline.group or default()) is not
+                                     (process_group or default())):
+            raise ValueError("timeline: made for another process group than the optimizer's "
+                             "(its communication track would miss the optimizer's AllReduces); "
+                             "pass the same process_group to both")
         self.timeline = timeline
         self.optimizer = optimizer
         self.defaults = optimizer.defaults
@@ -308,12 +314,13 @@ class PipelinedOptimizer(torch.optim.Optimizer):
         """Starts the average of `gradient` (copied), behind any AllReduce in flight."""
         buf = self._send[self.steps % 2]
         buf.copy_(gradient)
+        tag = self.timeline.step if self.timeline is not None else self.steps  # its caller's count
         if self.powersgd_rank:
             work = self._backend._allreduce_powersgd(buf, self._key, self._matrices,
-                                                     self.powersgd_rank, True, self.steps)
+                                                     self.powersgd_rank, True, tag)
         elif self._backend is not None:
             work = self._backend._allreduce_codec(buf, self._key, self.compression,
-                                                  self.error_feedback, self.steps)
+                                                  self.error_feedback, tag)
         else:
             work = dist.all_reduce(buf, group=self.group, async_op=True)
         self._inflight.append((work, buf))
