@@ -182,6 +182,246 @@ std::vector<std::string> AllReduceBenchWorkerCommand(const AllReduceBenchArgs& a
 }
 
 
+namespace {
+
+// nccl-tests' header lines, with the values that apply here.
+void PrintBenchHeader(const AllReduceBenchArgs& args, int n, const std::string& transport,
+                      bool compressed) {
+  const std::string chunk = args.chunk_bytes == 0 ? std::string("auto")
+                                                  : fmt::format("{} B", args.chunk_bytes);
+  std::printf("# nThread 1 nGpus 1 minBytes %llu maxBytes %llu step: %s warmup iters: %d "
+              "iters: %d agg iters: 1 validation: %d graph: 0\n#\n",
+              static_cast<unsigned long long>(args.min_bytes),
+              static_cast<unsigned long long>(args.max_bytes),
+              args.step_bytes > 0 ? fmt::format("{}(bytes)", args.step_bytes).c_str()
+                                  : fmt::format("{}(factor)", args.factor).c_str(),
+              args.warmup, args.iters, args.check > 0 ? 1 : 0);
+  static const char* const kAverages[] = {"rank 0's", "the mean over ranks", "the minimum over ranks",
+                                          "the maximum over ranks"};
+  std::printf("# pipesgd bench allreduce: %d ranks, %s x %d stream(s) per neighbour, chunk %s, "
+              "compression %s; time is %s\n#\n",
+              n, transport.c_str(), args.streams, chunk.c_str(), args.compression.c_str(),
+              kAverages[args.average]);
+  if (compressed) {
+    std::printf("# sizes, algbw and busbw count float32 bytes; 'none' is the same in-place "
+                "call uncompressed (us), 'speedup' = none / in-place time\n");
+  }
+  const char* link = args.link_gbps > 0 ? "  %link" : "";
+  const char* extra = compressed ? "     none  speedup" : "";
+  std::printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
+              "in-place          \n", "", "", "", "", "");
+  std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s%s%s%s\n",
+              "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+              "time", "algbw", "busbw", "#wrong", link, link, extra);
+  std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)",
+              "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+              "(GB/s)", "");
+}
+
+// One size's row: all_reduce_perf's columns and widths (%12 size, %12 count, %8 type, %6 redop,
+// %6 root, then per pass %7 time (one decimal below 10 ms), %6.2f algbw and busbw, %6 #wrong),
+// then ours.
+void PrintBenchRow(const AllReduceBenchArgs& args, uint64_t bytes, uint64_t count,
+                   const Result (&results)[3], bool compressed) {
+  const auto pass_columns = [](const Result& r) {
+    const std::string time = r.time_us < 1e4 ? fmt::format("{:7.1f}", r.time_us)
+                                             : fmt::format("{:7.0f}", r.time_us);
+    return fmt::format("  {}  {:6.2f}  {:6.2f}  {:>6}", time, r.algbw, r.busbw,
+                       r.wrong < 0 ? std::string("N/A") : std::to_string(r.wrong));
+  };
+  auto link = [&](const Result& r) {
+    return args.link_gbps > 0 ? fmt::format("  {:5.1f}", 100.0 * r.busbw * 8 / args.link_gbps)
+                              : std::string();
+  };
+  const std::string speedup =
+      compressed ? fmt::format("  {:7.1f}  {:7.2f}", results[2].time_us,
+                               results[1].time_us > 0 ? results[2].time_us / results[1].time_us : 0.0)
+                 : std::string();
+  std::printf("%12llu  %12llu  %8s  %6s  %6d%s%s%s%s%s\n",
+              static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
+              "float", args.op.c_str(), -1, pass_columns(results[0]).c_str(),
+              pass_columns(results[1]).c_str(), link(results[0]).c_str(),
+              link(results[1]).c_str(), speedup.c_str());
+  std::fflush(stdout);
+}
+
+// The same row for --json.
+nlohmann::json BenchRowJson(const AllReduceBenchArgs& args, uint64_t bytes, uint64_t count,
+                            const Result (&results)[3], bool compressed, int n,
+                            const std::string& transport) {
+  auto as_json = [&](const Result& r) {
+    nlohmann::json j = {{"time_us", r.time_us}, {"algbw_gbs", r.algbw}, {"busbw_gbs", r.busbw}};
+    if (r.wrong >= 0) {
+      j["wrong"] = r.wrong;
+      j["same_bits_on_every_rank"] = r.ranks_agree;
+    }
+    if (r.differs_from_out_of_place >= 0) {
+      j["differs_from_out_of_place"] = r.differs_from_out_of_place;
+    }
+    if (args.link_gbps > 0) j["busbw_link_share"] = r.busbw * 8 / args.link_gbps;
+    return j;
+  };
+  nlohmann::json row = {{"size_bytes", bytes}, {"count", count}, {"type", "float"},
+                        {"redop", args.op}, {"ranks", n}, {"compression", args.compression},
+                        {"transport", transport}, {"streams", args.streams},
+                        {"out_of_place", as_json(results[0])},
+                        {"in_place", as_json(results[1])}};
+  if (compressed) {
+    row["in_place_uncompressed"] = as_json(results[2]);
+    row["speedup_over_none"] =
+        results[1].time_us > 0 ? results[2].time_us / results[1].time_us : 0.0;
+  }
+  return row;
+}
+
+// The timed passes of one size on the ring: pass 0 out of place, 1 in place, 2 (with a codec)
+// in place uncompressed; each warmed up, timed over the iterations from a common start, then
+// checked against the exact sums and across ranks.
+class BenchPasses {
+ public:
+  BenchPasses(collective::Communicator& comm, const AllReduceBenchArgs& args, ReduceOp op,
+              int rank, int n, const Codec* codec, double timeout_s)
+      : comm_(comm), args_(args), op_(op), rank_(rank), n_(n), codec_(codec),
+        timeout_s_(timeout_s) {
+    // Timings and counts travel uncompressed: a codec would round them (trunc16 keeps 8 bits).
+    exact_.compress = false;
+  }
+
+  // Buffers of `count` floats, registered once per size, as a trainer registers its gradient
+  // buffers, so RDMA transports are not timed registering memory on every call.
+  void Resize(uint64_t count) {
+    input_region_.reset();
+    output_region_.reset();
+    input_.assign(count, 0.0f);
+    output_.assign(count, 0.0f);
+    input_region_ = comm_.RegisterMemory(input_);
+    output_region_ = comm_.RegisterMemory(output_);
+  }
+
+  Result Run(int pass) {
+    const bool in_place = pass > 0;
+    collective::AllReduceOptions call;
+    call.compress = pass < 2;
+    const uint64_t count = input_.size();
+    const uint64_t bytes = count * sizeof(float);
+    auto refill = [&] {
+      for (uint64_t i = 0; i < count; ++i) input_[i] = Pattern(rank_, i);
+    };
+    auto once = [&] {
+      if (in_place) {
+        comm_.AllReduce(input_, op_, Deadline::After(timeout_s_), nullptr, call);
+      } else {
+        std::memcpy(output_.data(), input_.data(), bytes);
+        comm_.AllReduce(output_, op_, Deadline::After(timeout_s_), nullptr, call);
+      }
+    };
+    refill();
+    for (int i = 0; i < args_.warmup; ++i) once();
+    float sync = 0;
+    comm_.AllReduce(std::span<float>(&sync, 1), ReduceOp::kSum, Deadline::After(timeout_s_),
+                    nullptr, exact_);  // common start
+    const auto t0 = Clock::now();
+    for (int i = 0; i < args_.iters; ++i) once();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / args_.iters;
+
+    double wrong = 0, differs = 0;
+    uint64_t hash = 0;
+    for (int check = 0; check < args_.check; ++check) {
+      refill();
+      once();
+      const std::vector<float>& result = in_place ? input_ : output_;
+      Check(result, in_place, call.compress, &wrong, &differs);
+      hash = Fnv1a(result);
+    }
+    return Gather(seconds, wrong, differs, hash, bytes);
+  }
+
+ private:
+  // The exact result: integer sums below 2^24, and for avg that sum divided by n in float, as
+  // the ring divides.
+  float Expect(uint64_t i) const {
+    const float sum = Expected(n_, i);
+    return op_ == ReduceOp::kAverage ? sum / static_cast<float>(n_) : sum;
+  }
+
+  void Check(const std::vector<float>& result, bool in_place, bool compress, double* wrong,
+             double* differs) {
+    if (!(codec_ && compress)) {
+      for (uint64_t i = 0; i < result.size(); ++i) *wrong += result[i] != Expect(i);
+      return;
+    }
+    // Every partial sum lies in [0, M]; N encodes of at most the bound each.
+    const double m = Expected(n_, 96);
+    const double bound = n_ * codec_->ErrorBound(m, 0, m) / (op_ == ReduceOp::kAverage ? n_ : 1);
+    for (uint64_t i = 0; i < result.size(); ++i) {
+      *wrong += std::fabs(static_cast<double>(result[i]) - Expect(i)) > bound;
+    }
+    // The codecs are deterministic (no stochastic rounding here): in place must give bitwise
+    // what out of place gave.
+    if (!in_place) {
+      compressed_reference_ = result;
+      return;
+    }
+    for (uint64_t i = 0; i < result.size(); ++i) {
+      *differs += std::bit_cast<uint32_t>(result[i]) !=
+                  std::bit_cast<uint32_t>(compressed_reference_[i]);
+    }
+  }
+
+  // Per rank its time (slot 20 + rank); summed over ranks: wrong elements (exact below 2^24)
+  // and, for the result's hash, per byte b the sums of b and b^2 (exact): the ranks hold the
+  // same bits iff n * sum(b^2) == sum(b)^2 for every byte.
+  Result Gather(double seconds, double wrong, double differs, uint64_t hash, uint64_t bytes) {
+    std::vector<float> stats(20 + n_, 0.0f);
+    stats[0] = static_cast<float>(wrong);
+    stats[1] = static_cast<float>(differs);
+    for (int k = 0; k < 8; ++k) {
+      const float b = static_cast<float>((hash >> (8 * k)) & 0xff);
+      stats[4 + 2 * k] = b;
+      stats[5 + 2 * k] = b * b;
+    }
+    stats[20 + rank_] = static_cast<float>(seconds);
+    comm_.AllReduce(std::span<float>(stats), ReduceOp::kSum, Deadline::After(timeout_s_), nullptr,
+                    exact_);
+    const std::span<const float> times(stats.data() + 20, static_cast<size_t>(n_));
+    double t = 0;
+    switch (args_.average) {
+      case 0: t = times[0]; break;
+      case 1: for (float x : times) t += x / n_; break;
+      case 2: t = *std::min_element(times.begin(), times.end()); break;
+      default: t = *std::max_element(times.begin(), times.end()); break;
+    }
+    Result r;
+    r.time_us = t * 1e6;
+    r.algbw = r.time_us > 0 ? bytes / (r.time_us * 1e-6) / 1e9 : 0;
+    r.busbw = r.algbw * (n_ > 1 ? 2.0 * (n_ - 1) / n_ : 0.0);
+    r.wrong = args_.check > 0 ? static_cast<int64_t>(stats[0]) : -1;
+    r.differs_from_out_of_place = args_.check > 0 ? static_cast<int64_t>(stats[1]) : -1;
+    bool same = true;
+    for (int k = 0; k < 8; ++k) {
+      const double sum = stats[4 + 2 * k], sum_sq = stats[5 + 2 * k];
+      same &= n_ * sum_sq == sum * sum;
+    }
+    r.ranks_agree = same;
+    // A bit mismatch between ranks or between in place and out of place is wrong too.
+    if (args_.check > 0) r.wrong += r.differs_from_out_of_place + (same ? 0 : 1);
+    return r;
+  }
+
+  collective::Communicator& comm_;
+  const AllReduceBenchArgs& args_;
+  const ReduceOp op_;
+  const int rank_;
+  const int n_;
+  const Codec* codec_;
+  const double timeout_s_;
+  collective::AllReduceOptions exact_;
+  std::vector<float> input_, output_, compressed_reference_;
+  std::unique_ptr<transport::MemoryRegion> input_region_, output_region_;
+};
+
+}  // namespace
+
 int64_t RunAllReduceBench(const AllReduceBenchArgs& given) {
   // Every comm field through the job's own rules; the values the table prints are the
   // effective ones.
@@ -210,222 +450,44 @@ int64_t RunAllReduceBench(const AllReduceBenchArgs& given) {
                   fmt::join(AllReduceBenchWorkerCommand(shared), " ")),
       options, comm_cfg, Deadline::After(comm_cfg.start_timeout_s()),
       fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
-  auto deadline = [&] { return Deadline::After(comm_cfg.timeout_s()); };
-
   const bool lead = env.rank == 0;
-  const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
-  if (lead) {
-    const std::string chunk = args.chunk_bytes == 0 ? std::string("auto")
-                                                    : fmt::format("{} B", args.chunk_bytes);
-    // nccl-tests' first line, with the values that apply here.
-    std::printf("# nThread 1 nGpus 1 minBytes %llu maxBytes %llu step: %s warmup iters: %d "
-                "iters: %d agg iters: 1 validation: %d graph: 0\n#\n",
-                static_cast<unsigned long long>(args.min_bytes),
-                static_cast<unsigned long long>(args.max_bytes),
-                args.step_bytes > 0 ? fmt::format("{}(bytes)", args.step_bytes).c_str()
-                                    : fmt::format("{}(factor)", args.factor).c_str(),
-                args.warmup, args.iters, args.check > 0 ? 1 : 0);
-    static const char* const kAverages[] = {"rank 0's", "the mean over ranks", "the minimum over ranks",
-                                            "the maximum over ranks"};
-    std::printf("# pipesgd bench allreduce: %d ranks, %s x %d stream(s) per neighbour, chunk %s, "
-                "compression %s; time is %s\n#\n",
-                n, comm->transport().Describe().c_str(), args.streams, chunk.c_str(),
-                args.compression.c_str(), kAverages[args.average]);
-    if (compressed) {
-      std::printf("# sizes, algbw and busbw count float32 bytes; 'none' is the same in-place "
-                  "call uncompressed (us), 'speedup' = none / in-place time\n");
-    }
-    const char* link = args.link_gbps > 0 ? "  %link" : "";
-    const char* extra = compressed ? "     none  speedup" : "";
-    std::printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
-                "in-place          \n", "", "", "", "", "");
-    std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s%s%s%s\n",
-                "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
-                "time", "algbw", "busbw", "#wrong", link, link, extra);
-    std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)",
-                "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-                "(GB/s)", "");
-  }
+  if (lead) PrintBenchHeader(args, n, comm->transport().Describe(), compressed);
 
   nlohmann::json rows = nlohmann::json::array();
   double busbw_total = 0;
   int busbw_count = 0;
-  std::vector<float> input, output, compressed_reference;
-  std::unique_ptr<transport::MemoryRegion> input_region, output_region;  // destroyed before comm
-  const std::unique_ptr<Codec> codec = compressed ? MakeCodec(options.codec) : nullptr;
-  // Timings and counts travel uncompressed: a codec would round them (trunc16 keeps 8 bits).
-  collective::AllReduceOptions kExact;
-  kExact.compress = false;
   int64_t out_of_bounds = 0;
-  const auto next_size = [&](double size) {
-    return args.step_bytes > 0 ? size + static_cast<double>(args.step_bytes)
-                               : std::max(size * args.factor, size + 4);
-  };
-  // Whole float32 elements: -b rounds up to a multiple of 4 bytes (-b 3 starts at 4, not at an
-  // empty row), as the rows count elements.
-  const double first = static_cast<double>((args.min_bytes + 3) / 4 * 4);
-  for (double size = first; size <= args.max_bytes * 1.0000001; size = next_size(size)) {
-    const uint64_t count = static_cast<uint64_t>(size) / sizeof(float);
-    const uint64_t bytes = count * sizeof(float);
-    input_region.reset();
-    output_region.reset();
-    input.assign(count, 0.0f);
-    output.assign(count, 0.0f);
-    // Registered once per size, as a trainer registers its gradient buffers, so RDMA transports
-    // are not timed registering memory on every call.
-    input_region = comm->RegisterMemory(input);
-    output_region = comm->RegisterMemory(output);
-    Result results[3];
-    // Pass 0 out-of-place, 1 in-place, 2 (with --compression) in-place uncompressed.
-    for (int pass = 0; pass < (compressed ? 3 : 2); ++pass) {
-      const bool in_place = pass > 0;
-      collective::AllReduceOptions call;
-      call.compress = pass < 2;
-      auto refill = [&] {
-        for (uint64_t i = 0; i < count; ++i) input[i] = Pattern(env.rank, i);
-      };
-      auto once = [&] {
-        if (in_place) {
-          comm->AllReduce(input, op, deadline(), nullptr, call);
-        } else {
-          std::memcpy(output.data(), input.data(), bytes);
-          comm->AllReduce(output, op, deadline(), nullptr, call);
+  const std::unique_ptr<Codec> codec = compressed ? MakeCodec(options.codec) : nullptr;
+  {
+    BenchPasses passes(*comm, args, op, env.rank, n, codec.get(), comm_cfg.timeout_s());
+    const auto next_size = [&](double size) {
+      return args.step_bytes > 0 ? size + static_cast<double>(args.step_bytes)
+                                 : std::max(size * args.factor, size + 4);
+    };
+    // Whole float32 elements: -b rounds up to a multiple of 4 bytes (-b 3 starts at 4, not at
+    // an empty row), as the rows count elements.
+    const double first = static_cast<double>((args.min_bytes + 3) / 4 * 4);
+    for (double size = first; size <= args.max_bytes * 1.0000001; size = next_size(size)) {
+      const uint64_t count = static_cast<uint64_t>(size) / sizeof(float);
+      const uint64_t bytes = count * sizeof(float);
+      passes.Resize(count);
+      Result results[3];
+      for (int pass = 0; pass < (compressed ? 3 : 2); ++pass) {
+        results[pass] = passes.Run(pass);
+        if (pass < 2) {
+          busbw_total += results[pass].busbw;
+          ++busbw_count;
+          out_of_bounds += std::max<int64_t>(results[pass].wrong, 0);
         }
-      };
-      refill();
-      for (int i = 0; i < args.warmup; ++i) once();
-      float sync = 0;
-      comm->AllReduce(std::span<float>(&sync, 1), ReduceOp::kSum, deadline(), nullptr,
-                      kExact);  // common start
-      const auto t0 = Clock::now();
-      for (int i = 0; i < args.iters; ++i) once();
-      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / args.iters;
-
-      double wrong = 0, differs = 0;
-      uint64_t hash = 0;
-      // The exact result: integer sums below 2^24, and for avg that sum divided by n in float,
-      // as the ring divides.
-      const auto expected = [&](uint64_t i) {
-        const float sum = Expected(n, i);
-        return op == ReduceOp::kAverage ? sum / static_cast<float>(n) : sum;
-      };
-      for (int check = 0; check < args.check; ++check) {
-        refill();
-        once();
-        const std::vector<float>& result = in_place ? input : output;
-        if (codec && call.compress) {
-          // Every partial sum lies in [0, M]; N encodes of at most the bound each.
-          const double m = Expected(n, 96);
-          const double bound =
-              n * codec->ErrorBound(m, 0, m) / (op == ReduceOp::kAverage ? n : 1);
-          for (uint64_t i = 0; i < count; ++i) {
-            wrong += std::fabs(static_cast<double>(result[i]) - expected(i)) > bound;
-          }
-          // The codecs are deterministic (no stochastic rounding here): in place must give
-          // bitwise what out of place gave.
-          if (!in_place) {
-            compressed_reference = result;
-          } else {
-            for (uint64_t i = 0; i < count; ++i) {
-              differs += std::bit_cast<uint32_t>(result[i]) !=
-                         std::bit_cast<uint32_t>(compressed_reference[i]);
-            }
-          }
-        } else {
-          for (uint64_t i = 0; i < count; ++i) wrong += result[i] != expected(i);
-        }
-        hash = Fnv1a(result);
       }
-      // Per rank its time (slot 20 + rank); summed over ranks: wrong elements (exact below
-      // 2^24) and, for the result's hash, per byte b the sums of b and b^2 (exact): the ranks
-      // hold the same bits iff n * sum(b^2) == sum(b)^2 for every byte.
-      std::vector<float> stats(20 + n, 0.0f);
-      stats[0] = static_cast<float>(wrong);
-      stats[1] = static_cast<float>(differs);
-      for (int k = 0; k < 8; ++k) {
-        const float b = static_cast<float>((hash >> (8 * k)) & 0xff);
-        stats[4 + 2 * k] = b;
-        stats[5 + 2 * k] = b * b;
+      if (lead) {
+        PrintBenchRow(args, bytes, count, results, compressed);
+        rows.push_back(BenchRowJson(args, bytes, count, results, compressed, n,
+                                    comm->transport().name()));
       }
-      stats[20 + env.rank] = static_cast<float>(seconds);
-      comm->AllReduce(std::span<float>(stats), ReduceOp::kSum, deadline(), nullptr, kExact);
-      const std::span<const float> times(stats.data() + 20, static_cast<size_t>(n));
-      double t = 0;
-      switch (args.average) {
-        case 0: t = times[0]; break;
-        case 1: for (float x : times) t += x / n; break;
-        case 2: t = *std::min_element(times.begin(), times.end()); break;
-        default: t = *std::max_element(times.begin(), times.end()); break;
-      }
-      Result& r = results[pass];
-      r.time_us = t * 1e6;
-      r.algbw = r.time_us > 0 ? bytes / (r.time_us * 1e-6) / 1e9 : 0;
-      r.busbw = r.algbw * bus_factor;
-      r.wrong = args.check > 0 ? static_cast<int64_t>(stats[0]) : -1;
-      r.differs_from_out_of_place = args.check > 0 ? static_cast<int64_t>(stats[1]) : -1;
-      bool same = true;
-      for (int k = 0; k < 8; ++k) {
-        const double sum = stats[4 + 2 * k], sum_sq = stats[5 + 2 * k];
-        same &= n * sum_sq == sum * sum;
-      }
-      r.ranks_agree = same;
-      // A bit mismatch between ranks or between in place and out of place is wrong too.
-      if (args.check > 0) r.wrong += r.differs_from_out_of_place + (same ? 0 : 1);
-      if (pass < 2) {
-        busbw_total += r.busbw;
-        ++busbw_count;
-        out_of_bounds += std::max<int64_t>(r.wrong, 0);
-      }
+      if (count == 0 && args.max_bytes == 0) break;
     }
-    if (lead) {
-      // all_reduce_perf's columns and widths: %12 size, %12 count, %8 type, %6 redop, %6 root,
-      // then per pass %7 time (one decimal below 10 ms), %6.2f algbw and busbw, %6 #wrong.
-      const auto pass_columns = [](const Result& r) {
-        const std::string time = r.time_us < 1e4 ? fmt::format("{:7.1f}", r.time_us)
-                                                 : fmt::format("{:7.0f}", r.time_us);
-        return fmt::format("  {}  {:6.2f}  {:6.2f}  {:>6}", time, r.algbw, r.busbw,
-                           r.wrong < 0 ? std::string("N/A") : std::to_string(r.wrong));
-      };
-      auto link = [&](const Result& r) {
-        return args.link_gbps > 0 ? fmt::format("  {:5.1f}", 100.0 * r.busbw * 8 / args.link_gbps)
-                                  : std::string();
-      };
-      const std::string speedup =
-          compressed ? fmt::format("  {:7.1f}  {:7.2f}", results[2].time_us,
-                                   results[1].time_us > 0 ? results[2].time_us / results[1].time_us : 0.0)
-                     : std::string();
-      std::printf("%12llu  %12llu  %8s  %6s  %6d%s%s%s%s%s\n",
-                  static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(count),
-                  "float", args.op.c_str(), -1, pass_columns(results[0]).c_str(),
-                  pass_columns(results[1]).c_str(), link(results[0]).c_str(),
-                  link(results[1]).c_str(), speedup.c_str());
-      std::fflush(stdout);
-      auto as_json = [&](const Result& r) {
-        nlohmann::json j = {{"time_us", r.time_us}, {"algbw_gbs", r.algbw}, {"busbw_gbs", r.busbw}};
-        if (r.wrong >= 0) {
-          j["wrong"] = r.wrong;
-          j["same_bits_on_every_rank"] = r.ranks_agree;
-        }
-        if (r.differs_from_out_of_place >= 0) {
-          j["differs_from_out_of_place"] = r.differs_from_out_of_place;
-        }
-        if (args.link_gbps > 0) j["busbw_link_share"] = r.busbw * 8 / args.link_gbps;
-        return j;
-      };
-      nlohmann::json row = {{"size_bytes", bytes}, {"count", count}, {"type", "float"},
-                            {"redop", args.op}, {"ranks", n}, {"compression", args.compression},
-                            {"transport", comm->transport().name()}, {"streams", args.streams},
-                            {"out_of_place", as_json(results[0])},
-                            {"in_place", as_json(results[1])}};
-      if (compressed) {
-        row["in_place_uncompressed"] = as_json(results[2]);
-        row["speedup_over_none"] =
-            results[1].time_us > 0 ? results[2].time_us / results[1].time_us : 0.0;
-      }
-      rows.push_back(std::move(row));
-    }
-    if (count == 0 && args.max_bytes == 0) break;
-  }
+  }  // the registered buffers go before the ring
   if (lead) {
     std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(out_of_bounds),
                 out_of_bounds == 0 ? "OK" : "FAILED");

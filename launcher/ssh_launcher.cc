@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <utility>
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -238,24 +239,13 @@ std::vector<std::string> SshArgv(const SshOptions& ssh, const std::string& host,
   return argv;
 }
 
-int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
-  const std::vector<Placement> placement = PlaceRanks(ssh.hosts, args.num_processes);
-  // Check the config here once; then ship its text, so it need not exist on the other hosts.
-  // A program (`run -- PROGRAM`) must be at its path, or on PATH, on every host, as for mpirun.
-  const bool program = !args.program.empty();
-  const std::string config_text = program ? "" : ReadConfigText(args.config_path);
-  const config::Job job = program ? config::Job() : job::LoadJobConfig(args.config_path, args.overrides);
-  const auto forwarded = ResolveForwardedEnv(args.forward_env);
-  const std::string binary = ssh.remote_binary.empty() ? SelfExe() : ssh.remote_binary;
-  if (binary.empty() || binary.front() != '/') {
-    Throw(ErrorCode::kInvalidArgument, "--remote-binary {}: expected an absolute path", binary);
-  }
-  if (ssh.connect_timeout_s <= 0) {
-    Throw(ErrorCode::kInvalidArgument, "--ssh-connect-timeout {}: expected seconds > 0",
-          ssh.connect_timeout_s);
-  }
+namespace {
 
-  // Preflight: every distinct host, in parallel.
+// Preflight: `remote-probe` on every distinct host, in parallel. Each host's interfaces, free
+// port and version, or one error naming every host that failed and why (nothing started).
+std::map<std::string, HostInfo> Preflight(const SshOptions& ssh,
+                                          const std::vector<Placement>& placement,
+                                          const std::string& binary) {
   std::vector<std::string> hosts;
   for (const auto& p : placement) {
     if (std::find(hosts.begin(), hosts.end(), p.host) == hosts.end()) hosts.push_back(p.host);
@@ -304,8 +294,14 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
           "preflight failed on {} of {} host(s); nothing was started:\n  {}",
           problems.size(), hosts.size(), fmt::join(problems, "\n  "));
   }
+  return info;
+}
 
-  // Where rank 0 will listen.
+// Where rank 0 will listen: --master-addr, else the address rank 0's host was reached at (or the
+// one of its interfaces comm.network_interface picks); --master-port, else the host's free port.
+std::pair<std::string, int> RendezvousOf(const RunArgs& args, const config::Job& job,
+                                         const std::vector<Placement>& placement,
+                                         const std::map<std::string, HostInfo>& info) {
   const HostInfo& lead = info.at(placement.front().host);
   std::string master_addr = args.master_addr;
   if (!args.master_addr_given) {
@@ -345,7 +341,16 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
           "found no free port on {} (rank 0's host); pass --master-port",
           placement.front().host);
   }
+  return {master_addr, master_port};
+}
 
+// What every rank's `ssh HOST pipesgd remote-rank` reads on its stdin: the job (config text,
+// worker flags, environment with the rendezvous and a fresh token).
+std::vector<RankCommand> RemoteRankCommands(
+    const RunArgs& args, const SshOptions& ssh, const std::vector<Placement>& placement,
+    const std::string& binary, const std::string& config_text,
+    const std::vector<std::pair<std::string, std::string>>& forwarded,
+    const std::pair<std::string, int>& rendezvous) {
   const std::string token = RandomToken();
   std::vector<std::string> worker_args;
   for (const auto& o : args.overrides) worker_args.insert(worker_args.end(), {"--set", o});
@@ -362,7 +367,6 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
   std::string rank_hosts;  // every rank's host, in rank order, for summary.json
   for (const auto& p : placement) rank_hosts += (rank_hosts.empty() ? "" : ",") + p.host;
   std::vector<RankCommand> commands;
-  std::vector<std::string> where;
   for (const auto& p : placement) {
     RemoteJob remote;
     remote.rank = p.rank;
@@ -372,8 +376,8 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
     remote.env["WORLD_SIZE"] = std::to_string(args.num_processes);
     remote.env["LOCAL_RANK"] = std::to_string(p.local_rank);
     remote.env["LOCAL_WORLD_SIZE"] = std::to_string(p.local_world_size);
-    remote.env["MASTER_ADDR"] = master_addr;
-    remote.env["MASTER_PORT"] = std::to_string(master_port);
+    remote.env["MASTER_ADDR"] = rendezvous.first;
+    remote.env["MASTER_PORT"] = std::to_string(rendezvous.second);
     remote.env["PIPESGD_JOB_TOKEN"] = token;
     remote.env["PIPESGD_HOST"] = p.host;
     remote.env["PIPESGD_HOSTS"] = rank_hosts;
@@ -395,10 +399,36 @@ int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
     c.spec.stdin_pipe = true;
     c.stdin_data = EncodeRemoteJob(remote);
     commands.push_back(std::move(c));
-    where.push_back(fmt::format("{}:{}", p.rank, p.host));
   }
+  return commands;
+}
+
+}  // namespace
+
+int RunOverSsh(const RunArgs& args, const SshOptions& ssh) {
+  const std::vector<Placement> placement = PlaceRanks(ssh.hosts, args.num_processes);
+  // Check the config here once; then ship its text, so it need not exist on the other hosts.
+  // A program (`run -- PROGRAM`) must be at its path, or on PATH, on every host, as for mpirun.
+  const bool program = !args.program.empty();
+  const std::string config_text = program ? "" : ReadConfigText(args.config_path);
+  const config::Job job = program ? config::Job() : job::LoadJobConfig(args.config_path, args.overrides);
+  const auto forwarded = ResolveForwardedEnv(args.forward_env);
+  const std::string binary = ssh.remote_binary.empty() ? SelfExe() : ssh.remote_binary;
+  if (binary.empty() || binary.front() != '/') {
+    Throw(ErrorCode::kInvalidArgument, "--remote-binary {}: expected an absolute path", binary);
+  }
+  if (ssh.connect_timeout_s <= 0) {
+    Throw(ErrorCode::kInvalidArgument, "--ssh-connect-timeout {}: expected seconds > 0",
+          ssh.connect_timeout_s);
+  }
+  const std::map<std::string, HostInfo> info = Preflight(ssh, placement, binary);
+  const std::pair<std::string, int> rendezvous = RendezvousOf(args, job, placement, info);
+  std::vector<RankCommand> commands =
+      RemoteRankCommands(args, ssh, placement, binary, config_text, forwarded, rendezvous);
+  std::vector<std::string> where;
+  for (const auto& p : placement) where.push_back(fmt::format("{}:{}", p.rank, p.host));
   PSGD_LOG_INFO("pipesgd run: starting {} ranks over ssh (rank:host {}); rendezvous {}:{}",
-                args.num_processes, fmt::join(where, " "), master_addr, master_port);
+                args.num_processes, fmt::join(where, " "), rendezvous.first, rendezvous.second);
 
   SuperviseOptions options;
   options.remote = true;

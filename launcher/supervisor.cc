@@ -1,3 +1,7 @@
+// The supervisor of launcher/supervisor.h. Over 600 lines for a reason: the ranks' start, their
+// streams, the launcher's signals, the stop sequence and the verdict all work on one Rank record
+// and its helpers (Forward, Name, Describe), which nothing else uses; split into files they
+// would all become header API.
 #include "launcher/supervisor.h"
 
 #include <arpa/inet.h>
@@ -242,33 +246,31 @@ std::vector<std::pair<std::string, std::string>> ResolveForwardedEnv(
   return out;
 }
 
-int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options) {
-  const int n = static_cast<int>(commands.size());
-  SignalCatcher signals;
-  std::vector<Rank> ranks(commands.size());
-  for (size_t i = 0; i < commands.size(); ++i) ranks[i].command = std::move(commands[i]);
+namespace {
 
-  if (!options.output_dir.empty()) {
-    for (auto& r : ranks) {
-      const auto dir =
-          std::filesystem::path(options.output_dir) / fmt::format("rank.{}", r.command.rank);
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
-      if (ec) {
-        Throw(ErrorCode::kIo, "--log-dir {}: cannot create {}: {}", options.output_dir,
-              dir.string(), ec.message());
-      }
-      for (auto [file, name] : {std::pair{&r.out_file, "stdout"}, std::pair{&r.err_file, "stderr"}}) {
-        const auto path = dir / name;
-        *file = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (*file < 0) {
-          Throw(ErrorCode::kIo, "--log-dir: cannot write {}: {}", path.string(),
-                std::strerror(errno));
-        }
+// Creates --log-dir's rank.R/stdout and stderr for every rank.
+void OpenLogFiles(std::vector<Rank>& ranks, const std::string& output_dir) {
+  for (auto& r : ranks) {
+    const auto dir = std::filesystem::path(output_dir) / fmt::format("rank.{}", r.command.rank);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      Throw(ErrorCode::kIo, "--log-dir {}: cannot create {}: {}", output_dir, dir.string(),
+            ec.message());
+    }
+    for (auto [file, name] : {std::pair{&r.out_file, "stdout"}, std::pair{&r.err_file, "stderr"}}) {
+      const auto path = dir / name;
+      *file = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (*file < 0) {
+        Throw(ErrorCode::kIo, "--log-dir: cannot write {}: {}", path.string(),
+              std::strerror(errno));
       }
     }
   }
+}
 
+// Starts every rank; if one cannot start, kills those already started and rethrows.
+void StartRanks(std::vector<Rank>& ranks) {
   for (auto& r : ranks) {
     try {
       r.child = SpawnChild(r.command.spec, fmt::format("rank {}", r.command.rank));
@@ -285,23 +287,68 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
       fcntl(r.child.stdin_fd, F_SETFL, fcntl(r.child.stdin_fd, F_GETFL) | O_NONBLOCK);
     }
   }
+}
 
+// One supervised run of started ranks: their exits, their streams, the launcher's signals, and
+// the stop sequence once one fails (a settle window, then stop: SIGTERM, or closing stdin then
+// SIGTERM; SIGKILL after the grace).
+class Supervision {
+ public:
+  Supervision(std::vector<Rank>& ranks, const SuperviseOptions& options, int signal_fd)
+      : ranks_(ranks), options_(options), signal_fd_(signal_fd) {}
+
+  // Until every rank has exited and its output is drained; returns the launcher's exit code.
+  int Run() {
+    while (true) {
+      Reap();
+      if (settle_until_ && !stop_sent_ && Clock::now() >= *settle_until_) {
+        int running = 0;
+        for (auto& r : ranks_) running += !r.status;
+        if (running > 0) PSGD_LOG_ERROR("pipesgd run: stopping the other {} rank(s)", running);
+        StopAll();
+      }
+      if (Finished()) break;
+      Escalate();
+      PollOnce();
+    }
+    return Verdict();
+  }
+
+ private:
   // The rank whose failure decides the exit code, chosen among those that failed on their own
-  // (before the launcher stopped anyone): the first root cause (a signal, a lost host), else the
-  // first failure.
+  // (before the launcher stopped anyone).
   struct Failure {
     int index;
     int status;
   };
-  std::vector<Failure> failures;
-  std::optional<Clock::time_point> settle_until;
-  std::optional<int> stopped_by_signal;  // the signal that stopped the launcher
-  bool output_closed = false;
-  std::optional<Clock::time_point> stop_sent;
-  int escalation = 0;  // 0: stop requested; 1: SIGTERM sent (stdin mode); 2: SIGKILL sent
 
-  auto signal_all = [&](int sig) {
-    for (auto& r : ranks) {
+  void Reap() {
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      Rank& r = ranks_[i];
+      if (r.status) continue;
+      int status = 0;
+      if (waitpid(r.child.pid, &status, WNOHANG) != r.child.pid) continue;
+      r.status = status;
+      CloseFd(&r.child.stdin_fd);
+      if (ExitCodeOf(status) == 0 || stop_sent_) continue;
+      failures_.push_back({static_cast<int>(i), status});
+      PSGD_LOG_ERROR("pipesgd run: {} {}", Name(r), Describe(r, status, options_.remote));
+      if (!settle_until_) {
+        settle_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options_.settle_s));
+      }
+    }
+  }
+
+  bool Finished() const {
+    for (const auto& r : ranks_) {
+      if (!r.status || r.child.out_fd >= 0 || r.child.err_fd >= 0) return false;
+    }
+    return true;
+  }
+
+  void SignalAll(int sig) {
+    for (auto& r : ranks_) {
       if (r.status) continue;
       if (r.command.spec.own_process_group) kill(-r.child.pid, sig);
       kill(r.child.pid, sig);
@@ -312,65 +359,42 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
         kill(r.child.pid, SIGCONT);
       }
     }
-  };
-  auto stop_all = [&]() {
-    if (stop_sent) return;
-    stop_sent = Clock::now();
-    if (options.stop_by_closing_stdin) {
-      for (auto& r : ranks) CloseFd(&r.child.stdin_fd);
+  }
+
+  void StopAll() {
+    if (stop_sent_) return;
+    stop_sent_ = Clock::now();
+    if (options_.stop_by_closing_stdin) {
+      for (auto& r : ranks_) CloseFd(&r.child.stdin_fd);
     } else {
-      signal_all(SIGTERM);
+      SignalAll(SIGTERM);
     }
-  };
+  }
 
-  while (true) {
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      Rank& r = ranks[i];
-      if (r.status) continue;
-      int status = 0;
-      if (waitpid(r.child.pid, &status, WNOHANG) != r.child.pid) continue;
-      r.status = status;
-      CloseFd(&r.child.stdin_fd);
-      if (ExitCodeOf(status) == 0 || stop_sent) continue;
-      failures.push_back({static_cast<int>(i), status});
-      PSGD_LOG_ERROR("pipesgd run: {} {}", Name(r), Describe(r, status, options.remote));
-      if (!settle_until) settle_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                           std::chrono::duration<double>(options.settle_s));
-    }
-    if (settle_until && !stop_sent && Clock::now() >= *settle_until) {
-      int running = 0;
-      for (auto& r : ranks) running += !r.status;
-      if (running > 0) {
-        PSGD_LOG_ERROR("pipesgd run: stopping the other {} rank(s)", running);
+  // After a stop: SIGTERM once the ranks had close_grace_s to leave on a closed stdin, SIGKILL
+  // after kill_grace_s more.
+  void Escalate() {
+    if (!stop_sent_) return;
+    const double since = SecondsSince(*stop_sent_);
+    if (options_.stop_by_closing_stdin) {
+      if (escalation_ == 0 && since > options_.close_grace_s) {
+        SignalAll(SIGTERM);
+        escalation_ = 1;
+      } else if (escalation_ == 1 && since > options_.close_grace_s + options_.kill_grace_s) {
+        SignalAll(SIGKILL);
+        escalation_ = 2;
       }
-      stop_all();
+    } else if (escalation_ < 2 && since > options_.kill_grace_s) {
+      SignalAll(SIGKILL);
+      escalation_ = 2;
     }
-    bool all_exited = true;
-    bool streams_open = false;
-    for (auto& r : ranks) {
-      all_exited &= r.status.has_value();
-      streams_open |= r.child.out_fd >= 0 || r.child.err_fd >= 0;
-    }
-    if (all_exited && !streams_open) break;
-    if (stop_sent) {
-      const double since = SecondsSince(*stop_sent);
-      if (options.stop_by_closing_stdin) {
-        if (escalation == 0 && since > options.close_grace_s) {
-          signal_all(SIGTERM);
-          escalation = 1;
-        } else if (escalation == 1 && since > options.close_grace_s + options.kill_grace_s) {
-          signal_all(SIGKILL);
-          escalation = 2;
-        }
-      } else if (escalation < 2 && since > options.kill_grace_s) {
-        signal_all(SIGKILL);
-        escalation = 2;
-      }
-    }
+  }
 
-    std::vector<pollfd> fds = {{signals.fd(), POLLIN, 0}};
+  // Up to 50 ms for the launcher's signals and the ranks' stdin, stdout and stderr.
+  void PollOnce() {
+    std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
     std::vector<std::pair<Rank*, int>> owners = {{nullptr, 0}};  // 0 stdin, 1 stdout, 2 stderr
-    for (auto& r : ranks) {
+    for (auto& r : ranks_) {
       if (r.child.stdin_fd >= 0 && r.stdin_written < r.command.stdin_data.size()) {
         fds.push_back({r.child.stdin_fd, POLLOUT, 0});
         owners.push_back({&r, 0});
@@ -387,101 +411,137 @@ int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options
     poll(fds.data(), fds.size(), 50);
     if (fds[0].revents & POLLIN) {
       unsigned char sig = 0;
-      if (read(signals.fd(), &sig, 1) == 1 && !stop_sent) {
+      if (read(signal_fd_, &sig, 1) == 1 && !stop_sent_) {
         PSGD_LOG_WARN("pipesgd run: got signal {} ({}); stopping all ranks", sig, strsignal(sig));
-        stopped_by_signal = sig;
-        stop_all();
+        stopped_by_signal_ = sig;
+        StopAll();
       }
     }
     for (size_t i = 1; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLOUT | POLLHUP | POLLERR))) continue;
-      Rank& r = *owners[i].first;
-      const int which = owners[i].second;
-      if (which == 0) {
-        if (r.child.stdin_fd < 0) continue;
-        const std::string& data = r.command.stdin_data;
-        const ssize_t w = write(r.child.stdin_fd, data.data() + r.stdin_written,
-                                data.size() - r.stdin_written);
-        if (w > 0) r.stdin_written += static_cast<size_t>(w);
-        // The reader is gone (ssh failed): its exit tells why.
-        if (w < 0 && errno != EAGAIN && errno != EINTR) r.stdin_written = data.size();
-        continue;
-      }
-      int& fd = which == 1 ? r.child.out_fd : r.child.err_fd;
-      if (fd < 0) continue;
-      char buf[65536];
-      const ssize_t got = read(fd, buf, sizeof(buf));
-      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      std::string& partial = which == 1 ? r.out_partial : r.err_partial;
-      const int sink = which == 1 ? STDOUT_FILENO : STDERR_FILENO;
-      const int file = which == 1 ? r.out_file : r.err_file;
-      const std::string prefix =
-          which == 1 && !options.prefix_stdout ? std::string()
-          : options.host_in_prefix && !r.command.host.empty()
-              ? fmt::format("[rank {} {}] ", r.command.rank, r.command.host)
-              : fmt::format("[rank {}] ", r.command.rank);
-      bool written = true;
-      if (got > 0 && which != 1) {
-        r.err_tail.append(buf, static_cast<size_t>(got));
-        if (r.err_tail.size() > 8192) r.err_tail.erase(0, r.err_tail.size() - 8192);
-      }
-      if (got > 0) {
-        if (file >= 0) WriteAll(file, buf, static_cast<size_t>(got));
-        written = Forward(prefix, partial, buf, static_cast<size_t>(got), sink, false);
+      if (owners[i].second == 0) {
+        FeedStdin(*owners[i].first);
       } else {
-        written = Forward(prefix, partial, buf, 0, sink, true);
-        CloseFd(&fd);
-      }
-      if (!written && !stop_sent && !output_closed) {
-        output_closed = true;
-        stop_all();
+        Drain(*owners[i].first, owners[i].second == 1);
       }
     }
   }
 
-  if (!failures.empty()) {
-    // A death first, else a rank that failed on its own (not because of another rank).
-    Failure chosen = failures.front();
-    for (const auto& f : failures) {
+  void FeedStdin(Rank& r) {
+    if (r.child.stdin_fd < 0) return;
+    const std::string& data = r.command.stdin_data;
+    const ssize_t w =
+        write(r.child.stdin_fd, data.data() + r.stdin_written, data.size() - r.stdin_written);
+    if (w > 0) r.stdin_written += static_cast<size_t>(w);
+    // The reader is gone (ssh failed): its exit tells why.
+    if (w < 0 && errno != EAGAIN && errno != EINTR) r.stdin_written = data.size();
+  }
+
+  // One read of a rank's stdout or stderr, forwarded with its prefix (and to --log-dir).
+  void Drain(Rank& r, bool out) {
+    int& fd = out ? r.child.out_fd : r.child.err_fd;
+    if (fd < 0) return;
+    char buf[65536];
+    const ssize_t got = read(fd, buf, sizeof(buf));
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    std::string& partial = out ? r.out_partial : r.err_partial;
+    const int sink = out ? STDOUT_FILENO : STDERR_FILENO;
+    const int file = out ? r.out_file : r.err_file;
+    const std::string prefix =
+        out && !options_.prefix_stdout ? std::string()
+        : options_.host_in_prefix && !r.command.host.empty()
+            ? fmt::format("[rank {} {}] ", r.command.rank, r.command.host)
+            : fmt::format("[rank {}] ", r.command.rank);
+    bool written = true;
+    if (got > 0 && !out) {
+      r.err_tail.append(buf, static_cast<size_t>(got));
+      if (r.err_tail.size() > 8192) r.err_tail.erase(0, r.err_tail.size() - 8192);
+    }
+    if (got > 0) {
+      if (file >= 0) WriteAll(file, buf, static_cast<size_t>(got));
+      written = Forward(prefix, partial, buf, static_cast<size_t>(got), sink, false);
+    } else {
+      written = Forward(prefix, partial, buf, 0, sink, true);
+      CloseFd(&fd);
+    }
+    if (!written && !stop_sent_ && !output_closed_) {
+      output_closed_ = true;
+      StopAll();
+    }
+  }
+
+  // The exit code, and the line that names the failure.
+  int Verdict() const {
+    if (!failures_.empty()) return FailureVerdict();
+    if (stopped_by_signal_) {
+      PSGD_LOG_ERROR("pipesgd run: interrupted by signal {} ({}); all ranks stopped",
+                     *stopped_by_signal_, strsignal(*stopped_by_signal_));
+      return 128 + *stopped_by_signal_;
+    }
+    if (output_closed_) {
+      PSGD_LOG_ERROR("pipesgd run: output closed; all ranks stopped");
+      return 128 + SIGPIPE;
+    }
+    PSGD_LOG_INFO("pipesgd run: all {} {} finished", ranks_.size(),
+                  options_.remote ? "ranks" : "workers");
+    return 0;
+  }
+
+  // The first root cause (a signal, a lost host), else the first rank that failed on its own
+  // (not because of another rank), else the first failure.
+  int FailureVerdict() const {
+    Failure chosen = failures_.front();
+    for (const auto& f : failures_) {
       if (ExitCodeOf(f.status) != job::kExitBecauseOfAnotherRank) {
         chosen = f;
         break;
       }
     }
-    for (const auto& f : failures) {
-      if (IsRootCause(f.status, options.remote)) {
+    for (const auto& f : failures_) {
+      if (IsRootCause(f.status, options_.remote)) {
         chosen = f;
         break;
       }
     }
-    const Rank& r = ranks[chosen.index];
+    const Rank& r = ranks_[chosen.index];
     // Every rank that failed did so because of another one: the one their errors name (the
     // failure relay makes them agree) is the failure, even if it never exited on its own (a
     // stopped or hung rank the launcher had to stop).
     if (ExitCodeOf(chosen.status) == job::kExitBecauseOfAnotherRank) {
       const int blamed = transport::FailureRelay::BlamedRankIn(r.err_tail);
-      const auto it = std::find_if(ranks.begin(), ranks.end(),
+      const auto it = std::find_if(ranks_.begin(), ranks_.end(),
                                    [&](const Rank& x) { return x.command.rank == blamed; });
-      if (it != ranks.end()) {
+      if (it != ranks_.end()) {
         PSGD_LOG_ERROR("pipesgd run: failed: {} (named by every rank that failed: {} {})",
-                       Name(*it), Name(r), Describe(r, chosen.status, options.remote));
+                       Name(*it), Name(r), Describe(r, chosen.status, options_.remote));
         return ExitCodeOf(chosen.status);
       }
     }
-    PSGD_LOG_ERROR("pipesgd run: failed: {} {}", Name(r), Describe(r, chosen.status, options.remote));
+    PSGD_LOG_ERROR("pipesgd run: failed: {} {}", Name(r),
+                   Describe(r, chosen.status, options_.remote));
     return ExitCodeOf(chosen.status);
   }
-  if (stopped_by_signal) {
-    PSGD_LOG_ERROR("pipesgd run: interrupted by signal {} ({}); all ranks stopped",
-                   *stopped_by_signal, strsignal(*stopped_by_signal));
-    return 128 + *stopped_by_signal;
-  }
-  if (output_closed) {
-    PSGD_LOG_ERROR("pipesgd run: output closed; all ranks stopped");
-    return 128 + SIGPIPE;
-  }
-  PSGD_LOG_INFO("pipesgd run: all {} {} finished", n, options.remote ? "ranks" : "workers");
-  return 0;
+
+  std::vector<Rank>& ranks_;
+  const SuperviseOptions& options_;
+  const int signal_fd_;
+  std::vector<Failure> failures_;
+  std::optional<Clock::time_point> settle_until_;
+  std::optional<int> stopped_by_signal_;  // the signal that stopped the launcher
+  bool output_closed_ = false;
+  std::optional<Clock::time_point> stop_sent_;
+  int escalation_ = 0;  // 0: stop requested; 1: SIGTERM sent (stdin mode); 2: SIGKILL sent
+};
+
+}  // namespace
+
+int Supervise(std::vector<RankCommand> commands, const SuperviseOptions& options) {
+  SignalCatcher signals;
+  std::vector<Rank> ranks(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) ranks[i].command = std::move(commands[i]);
+  if (!options.output_dir.empty()) OpenLogFiles(ranks, options.output_dir);
+  StartRanks(ranks);
+  return Supervision(ranks, options, signals.fd()).Run();
 }
 
 int RunLocal(const RunArgs& args) {
