@@ -1,6 +1,8 @@
 // pipesgd._torch: the Python face of the c10d backend (python/pipesgd/torch/__init__.py
 // registers it). Built against torch's own pybind11 type registry, so the ProcessGroup returned
 // here is a torch.distributed ProcessGroup that DDP and every torch.distributed call accept.
+#include <algorithm>
+#include <cctype>
 #include <tuple>
 
 #include <pybind11/pybind11.h>
@@ -49,8 +51,11 @@ PYBIND11_MODULE(_torch, m) {
       .def("_take_spans",
            [](ProcessGroupPipesgd& pg) {
              std::vector<std::tuple<std::string, int64_t, double, double>> out;
-             for (pipesgd::torch_backend::CommSpan& s : pg.TakeSpans()) {
-               out.emplace_back(std::move(s.name), s.step, s.begin_s, s.end_s);
+             for (const pipesgd::torch_backend::CommSpan& s : pg.TakeSpans()) {
+               std::string name = ::c10d::opTypeToString(s.type);  // "ALLREDUCE": lower case
+               std::transform(name.begin(), name.end(), name.begin(),
+                              [](unsigned char c) { return std::tolower(c); });
+               out.emplace_back(std::move(name), s.step, s.begin_s, s.end_s);
              }
              return out;
            })

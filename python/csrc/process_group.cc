@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <optional>
 #include <sstream>
@@ -287,10 +286,7 @@ void ProcessGroupPipesgd::Loop() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (spans_.size() == kMaxSpans) spans_.pop_front();
-      std::string name = ::c10d::opTypeToString(task.type);
-      std::transform(name.begin(), name.end(), name.begin(),
-                     [](unsigned char c) { return std::tolower(c); });
-      spans_.push_back({std::move(name), task.step, Seconds(begin), Seconds(end)});
+      spans_.push_back({task.type, task.step, Seconds(begin), Seconds(end)});
     }
     task.work->Complete(error);
   }

@@ -55,7 +55,7 @@ struct BackendOptions {
 // call: a call queued behind another waits first), for a timeline (python/pipesgd/torch/
 // timeline.py). Seconds on the steady clock, which is time.perf_counter()'s on Linux.
 struct CommSpan {
-  std::string name;  // "allreduce", "broadcast", ... (c10d's op type, lower case)
+  OpType type = OpType::UNKNOWN;  // named when taken, off the communication thread
   int64_t step = -1;  // the caller's step, where it gave one (the Pipe-SGD optimizer does)
   double begin_s = 0;
   double end_s = 0;
