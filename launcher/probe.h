@@ -1,6 +1,7 @@
-// `pipesgd probe`'s internals, shared by what each rank measures with its ring neighbours
-// (probe_ring.cc) and what rank 0 makes of every rank's numbers (timing.cc): the per-rank
-// fields, one vector of doubles per rank, gathered at rank 0 in one pass around the ring.
+// `pipesgd probe`'s internals: what each rank measures with its ring neighbours (probe_ring.cc,
+// probe_ps.cc) into its RankProbe message (core/train/probe.proto), gathered at rank 0 in one
+// pass around the ring; timing.cc measures the rest and prints what core/train/probe_fit.h makes
+// of every rank's.
 #pragma once
 
 #include <cstdint>
@@ -8,60 +9,17 @@
 #include <vector>
 
 #include "core/job/config.h"
+#include "core/probe.pb.h"  // generated from core/train/probe.proto
 #include "core/job/worker.h"
 #include "core/train/classifier_task.h"
 
 namespace pipesgd::launcher::probe {
 
-// Fields 0-9: latency, bandwidth (the link alone), overhead, compute, update, reduce, ring
-// bandwidth, and the job's own AllReduce of the model at kSmallChunk, kMidChunk and kLargeChunk;
-// then the compute and the kLargeChunk AllReduce while both run at once (kOverlapCompute,
-// kOverlapAllReduce), the process's CPU time per second while computing (kComputeCpuShare) and
-// while both run (kCpuShare), and per AllReduce at each timed chunk size (kCpuAllReduce + i), the
-// pipelined update U_K, real width-1 and width-2 steps (sigma, sigma_2), the CPU per byte of
-// whole-model messages, and the codecs' AllReduces and steps below.
-inline constexpr int kOverlapCompute = 10;
-inline constexpr int kOverlapAllReduce = 11;
-inline constexpr int kComputeCpuShare = 12;
-inline constexpr int kCpuShare = 13;
-inline constexpr int kCpuAllReduce = 14;  // .. 16
-inline constexpr int kOverlapComputeCpu = 17;
-inline constexpr int kOverlapAllReduceCpu = 18;
-inline constexpr int kPipelinedUpdate = 19;
-inline constexpr int kSyncStep = 20;
-inline constexpr int kExchangeCpu = 21;
-inline constexpr int kPipeStep = 22;
-// The job's AllReduce with each codec of kProbeCodecs at kMidChunk and kLargeChunk: its wall
-// time and CPU time (CodecField).
+using RankProbe = ::pipesgd::probe::RankProbe;
+
+// The codecs whose AllReduce the probe times in the ring (core/train/probe.proto, CodecAllReduce).
 inline constexpr const char* kProbeCodecs[] = {"trunc16", "fp16", "q8", "q4", "sign1"};
 inline constexpr int kNumProbeCodecs = 5;
-inline constexpr int kCodecAllReduce = 23;
-// The codec whose AllReduce at StepChunk is fastest (an index into kProbeCodecs, the same on
-// every rank), and real width-1 and width-2 steps with it: sigma where the AllReduce is short.
-inline constexpr int kFastCodec = kCodecAllReduce + 4 * kNumProbeCodecs;
-inline constexpr int kFastSyncStep = kFastCodec + 1;
-inline constexpr int kFastPipeStep = kFastCodec + 2;
-// 1 where this rank's ring connections are on a loopback address: no link, the kernel's copies
-// on the ranks' own cores move the bytes (the PS schemes' server then costs CPU, not a link).
-inline constexpr int kLoopback = kFastCodec + 3;
-// The fast codec's width-1 and width-2 steps at the other timed chunk size (kMidChunk where
-// StepChunk is kLargeChunk, and the reverse): what a step's chunk messages cost beyond the
-// AllReduce alone, per chunk per ring block.
-inline constexpr int kFastSyncStepOther = kFastCodec + 4;
-inline constexpr int kFastPipeStepOther = kFastCodec + 5;
-// The parameter-server schemes' real steps on the probe's ranks (MeasurePsSteps): at a worker
-// (ranks 1..W-1) the wall time per synchronous step and per asynchronous one; 0 at the server.
-inline constexpr int kPsSyncStep = kFastCodec + 6;
-inline constexpr int kPsAsyncStep = kFastCodec + 7;
-// The CPUs this rank may run on (ProcessCpus): on one host, what the ranks share.
-inline constexpr int kHostCpus = kFastCodec + 8;
-// The process's CPU time per second over the PS steps (the server's over its serving).
-inline constexpr int kPsSyncCpu = kFastCodec + 9;
-inline constexpr int kPsAsyncCpu = kFastCodec + 10;
-inline constexpr int kFields = kFastCodec + 11;
-constexpr int CodecField(int codec, bool large, bool cpu) {
-  return kCodecAllReduce + 4 * codec + 2 * static_cast<int>(large) + static_cast<int>(cpu);
-}
 // About how long the overlapped AllReduces run (seconds), in calls every rank agrees on.
 inline constexpr double kOverlapBudgetS = 0.5;
 // Real steps of each width without a codec and with the fast one (at two chunk sizes), in
@@ -108,9 +66,9 @@ struct RingProbe {
 // Connects to the ring neighbours and measures, every rank at once: each link in turn, every
 // link busy, the job's AllReduce at kTimedChunks without a codec and at kMidChunk and
 // kLargeChunk with each codec, compute and AllReduce at once, and real width-1 and width-2
-// steps without a codec and with the fastest one. Fills `mine` and returns every rank's fields
-// (kFields per rank, rank order) at rank 0; at other ranks only the ranks before it are filled.
-std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine);
+// steps without a codec and with the fastest one. Fills `mine` and returns every rank's, in rank
+// order, at rank 0; at another rank, those of the ranks up to it.
+std::vector<RankProbe> MeasureOnRing(const RingProbe& in, RankProbe mine);
 
 // The parameter-server schemes' real steps on the probe's ranks, the job's own PsServer and
 // PsWorker on a scratch copy: rank 0 serves the W-1 others (`links`: rank 0's connections to
@@ -118,9 +76,9 @@ std::vector<double> MeasureOnRing(const RingProbe& in, std::vector<double> mine)
 // and then `steps` asynchronous ones, each after 2 untimed, kStepRounds times (the median). The
 // job has W workers and a server: the model scales what a step takes beyond C to W pushes
 // (TimingInputs::ps_sync_beyond_compute_s, PsScale).
-// Fills kPsSyncStep, kPsAsyncStep, kPsSyncCpu and kPsAsyncCpu of `mine`.
+// Fills the ps_* fields of `mine`.
 void MeasurePsSteps(transport::Transport& transport, std::vector<transport::Connection*> links,
                     int rank, train::ClassifierTask& task, std::span<const float> params,
-                    const config::Job& job, int steps, std::vector<double>& mine);
+                    const config::Job& job, int steps, RankProbe& mine);
 
 }  // namespace pipesgd::launcher::probe

@@ -12,7 +12,7 @@ namespace pipesgd::launcher::probe {
 
 void MeasurePsSteps(transport::Transport& transport, std::vector<transport::Connection*> links,
                     int rank, train::ClassifierTask& task, std::span<const float> params,
-                    const config::Job& job, int steps, std::vector<double>& mine) {
+                    const config::Job& job, int steps, RankProbe& mine) {
   PSGD_CHECK(steps >= 1 && !links.empty() && (rank == 0 || links.size() == 1));
   constexpr int kUntimed = 2;
   const auto& train_cfg = job.train();
@@ -48,10 +48,10 @@ void MeasurePsSteps(transport::Transport& transport, std::vector<transport::Conn
       worker.Bye();
     }
   }
-  mine[kPsSyncStep] = rank == 0 ? 0 : Median(step[0]);
-  mine[kPsAsyncStep] = rank == 0 ? 0 : Median(step[1]);
-  mine[kPsSyncCpu] = Median(cpu[0]);
-  mine[kPsAsyncCpu] = Median(cpu[1]);
+  mine.set_ps_sync_step_s(rank == 0 ? 0 : Median(step[0]));
+  mine.set_ps_async_step_s(rank == 0 ? 0 : Median(step[1]));
+  mine.set_ps_sync_cpu_share(Median(cpu[0]));
+  mine.set_ps_async_cpu_share(Median(cpu[1]));
 }
 
 }  // namespace pipesgd::launcher::probe
