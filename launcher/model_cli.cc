@@ -201,100 +201,99 @@ std::vector<std::string> ProbeSpread(const nlohmann::json& probe, const std::str
   return lines;
 }
 
-}  // namespace
 
-void RunModel(const ModelArgs& a) {
-  train::TimingInputs in;
-  std::vector<train::CodecCost> codecs;
-  nlohmann::json probe;  // the probe's result, if given
-  if (!a.probe_json.empty()) {
-    std::ifstream f(a.probe_json);
-    if (!f) Throw(ErrorCode::kIo, "model --probe {}: cannot read", a.probe_json);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(f);
-      probe = j;
-      const std::string where = "model --probe " + a.probe_json;
-      if (!j.is_object()) {
-        Throw(ErrorCode::kInvalidArgument, "{}: {}: expected a probe's JSON object", where,
-              j.dump());
-      }
-      const auto get = [&](const char* key, const InputRange& r,
-                           std::optional<double> fallback = std::nullopt) {
-        return ProbeNumber(j, where, key, r, fallback);
-      };
-      in.workers = static_cast<int>(get("workers", kWorkersRange));
-      in.model_bytes = get("model_bytes", kModelBytes);
-      in.latency_s = get("latency_s", kSeconds);
-      // 0: a probe of one rank, which measured no link (a model of more ranks then asks for B).
-      in.bandwidth_Bps = get("bandwidth_Bps", kProbeBandwidth);
-      in.chunk_overhead_s = get("chunk_overhead_s", kSeconds);
-      in.contention = get("contention", kShare, 0.0);  // earlier probes: none
-      in.overlap_compute_factor = get("overlap_compute_factor", kFactor, 1.0);
-      in.overlap_allreduce_factor = get("overlap_allreduce_factor", kFactor, 1.0);
-      // Earlier probes: no CPU bound.
-      in.compute_cpu_share = get("compute_cpu_share", kCpus, 0.0);
-      in.cpu_share = get("cpu_share", kCpus, 0.0);
-      in.transport_cpu_s_per_byte = get("transport_cpu_s_per_byte", kSecondsPerByte, 0.0);
-      in.transport_cpu_s_per_message = get("transport_cpu_s_per_message", kSeconds, 0.0);
-      in.compute_s = get("compute_s", kSeconds);
-      in.update_s = get("update_s", kSeconds);
-      in.pipelined_update_s = get("pipelined_update_s", kSeconds, 0.0);  // earlier probes: U
-      in.sync_overhead_s = get("sync_overhead_s", kSignedSeconds, 0.0);
-      in.pipe_overhead_s = get("pipe_overhead_s", kSignedSeconds, 0.0);  // earlier probes: none
-      // Earlier probes: sigma at one AllReduce time, the same everywhere.
-      in.overhead_allreduce_s = get("overhead_allreduce_s", kSeconds, 0.0);
-      in.fast_allreduce_s = get("fast_allreduce_s", kSeconds, 0.0);
-      in.fast_sync_overhead_s = get("fast_sync_overhead_s", kSignedSeconds, 0.0);
-      in.fast_pipe_overhead_s = get("fast_pipe_overhead_s", kSignedSeconds, 0.0);
-      // Earlier probes: no per-chunk cost.
-      in.overhead_chunks_per_block = get("overhead_chunks_per_block", kChunkCount, 0.0);
-      in.sync_overhead_per_chunk_s = get("sync_overhead_per_chunk_s", kSeconds, 0.0);
-      in.pipe_overhead_per_chunk_s = get("pipe_overhead_per_chunk_s", kSeconds, 0.0);
-      in.big_message_cpu_s_per_byte = get("big_message_cpu_s_per_byte", kSecondsPerByte, 0.0);
-      if (j.contains("loopback") && !j.at("loopback").is_boolean()) {
-        Throw(ErrorCode::kInvalidArgument, "{}: loopback = {}: expected true or false", where,
-              j.at("loopback").dump());
-      }
-      in.loopback = j.value("loopback", false);  // earlier probes: links
-      in.host_cpus = get("host_cpus", kCpus, 0.0);
-      // Earlier probes: no PS steps, the formulas.
-      const double ps_sync = get("ps_sync_step_s", kSeconds, 0.0);
-      const double ps_async = get("ps_async_step_s", kSeconds, 0.0);
-      if (in.workers > 1 && ps_sync > 0 && ps_async > 0) {
-        in.ps_probe_workers = in.workers - 1;
-        in.ps_sync_beyond_compute_s = std::max(0.0, ps_sync - in.compute_s);
-        in.ps_async_beyond_compute_s = std::max(0.0, ps_async - in.compute_s);
-        in.ps_sync_busy_cpus = get("ps_sync_busy_cpus", kCpus, 0.0);
-        in.ps_async_busy_cpus = get("ps_async_busy_cpus", kCpus, 0.0);
-      }
-      in.reduce_s_per_byte = get("reduce_s_per_byte", kSecondsPerByte);
-      for (const auto& c : j.at("codecs")) {
-        const std::string name = c.at("name").get<std::string>();
-        const std::string codec_where = fmt::format("{}: codec {}", where, name);
-        codecs.push_back({name, ProbeNumber(c, codec_where, "ratio", kRatio),
-                          ProbeNumber(c, codec_where, "s_per_byte", kCodecSecondsPerByte),
-                          std::nullopt});
-        // Earlier probes: kappa from encode + decode alone, its CPU not known.
-        if (c.contains("cpu_s_per_byte")) {
-          codecs.back().cpu_s_per_byte =
-              ProbeNumber(c, codec_where, "cpu_s_per_byte", kCodecSecondsPerByte);
-        }
-        codecs.back().s_per_chunk = ProbeNumber(c, codec_where, "s_per_chunk", kCodecSeconds, 0.0);
-        codecs.back().cpu_s_per_chunk =
-            ProbeNumber(c, codec_where, "cpu_s_per_chunk", kCodecSeconds, 0.0);
-      }
-    } catch (const nlohmann::json::exception& e) {
-      Throw(ErrorCode::kInvalidArgument, "model --probe {}: not a probe result: {}", a.probe_json,
-            e.what());
+// The probe's JSON: the model's inputs and its codecs, each field checked against its range;
+// a field an earlier probe did not write takes what that probe's model assumed. Returns the
+// JSON (ProbeSpread reads its per-rank part).
+nlohmann::json ReadProbe(const std::string& path, train::TimingInputs& in,
+                         std::vector<train::CodecCost>& codecs) {
+  nlohmann::json probe;
+  std::ifstream f(path);
+  if (!f) Throw(ErrorCode::kIo, "model --probe {}: cannot read", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+    probe = j;
+    const std::string where = "model --probe " + path;
+    if (!j.is_object()) {
+      Throw(ErrorCode::kInvalidArgument, "{}: {}: expected a probe's JSON object", where,
+            j.dump());
     }
-  } else {
-    in.workers = 4;
-    in.bandwidth_Bps = 0;
-    in.latency_s = -1;
-    in.compute_s = -1;
+    const auto get = [&](const char* key, const InputRange& r,
+                         std::optional<double> fallback = std::nullopt) {
+      return ProbeNumber(j, where, key, r, fallback);
+    };
+    in.workers = static_cast<int>(get("workers", kWorkersRange));
+    in.model_bytes = get("model_bytes", kModelBytes);
+    in.latency_s = get("latency_s", kSeconds);
+    // 0: a probe of one rank, which measured no link (a model of more ranks then asks for B).
+    in.bandwidth_Bps = get("bandwidth_Bps", kProbeBandwidth);
+    in.chunk_overhead_s = get("chunk_overhead_s", kSeconds);
+    in.contention = get("contention", kShare, 0.0);  // earlier probes: none
+    in.overlap_compute_factor = get("overlap_compute_factor", kFactor, 1.0);
+    in.overlap_allreduce_factor = get("overlap_allreduce_factor", kFactor, 1.0);
+    // Earlier probes: no CPU bound.
+    in.compute_cpu_share = get("compute_cpu_share", kCpus, 0.0);
+    in.cpu_share = get("cpu_share", kCpus, 0.0);
+    in.transport_cpu_s_per_byte = get("transport_cpu_s_per_byte", kSecondsPerByte, 0.0);
+    in.transport_cpu_s_per_message = get("transport_cpu_s_per_message", kSeconds, 0.0);
+    in.compute_s = get("compute_s", kSeconds);
+    in.update_s = get("update_s", kSeconds);
+    in.pipelined_update_s = get("pipelined_update_s", kSeconds, 0.0);  // earlier probes: U
+    in.sync_overhead_s = get("sync_overhead_s", kSignedSeconds, 0.0);
+    in.pipe_overhead_s = get("pipe_overhead_s", kSignedSeconds, 0.0);  // earlier probes: none
+    // Earlier probes: sigma at one AllReduce time, the same everywhere.
+    in.overhead_allreduce_s = get("overhead_allreduce_s", kSeconds, 0.0);
+    in.fast_allreduce_s = get("fast_allreduce_s", kSeconds, 0.0);
+    in.fast_sync_overhead_s = get("fast_sync_overhead_s", kSignedSeconds, 0.0);
+    in.fast_pipe_overhead_s = get("fast_pipe_overhead_s", kSignedSeconds, 0.0);
+    // Earlier probes: no per-chunk cost.
+    in.overhead_chunks_per_block = get("overhead_chunks_per_block", kChunkCount, 0.0);
+    in.sync_overhead_per_chunk_s = get("sync_overhead_per_chunk_s", kSeconds, 0.0);
+    in.pipe_overhead_per_chunk_s = get("pipe_overhead_per_chunk_s", kSeconds, 0.0);
+    in.big_message_cpu_s_per_byte = get("big_message_cpu_s_per_byte", kSecondsPerByte, 0.0);
+    if (j.contains("loopback") && !j.at("loopback").is_boolean()) {
+      Throw(ErrorCode::kInvalidArgument, "{}: loopback = {}: expected true or false", where,
+            j.at("loopback").dump());
+    }
+    in.loopback = j.value("loopback", false);  // earlier probes: links
+    in.host_cpus = get("host_cpus", kCpus, 0.0);
+    // Earlier probes: no PS steps, the formulas.
+    const double ps_sync = get("ps_sync_step_s", kSeconds, 0.0);
+    const double ps_async = get("ps_async_step_s", kSeconds, 0.0);
+    if (in.workers > 1 && ps_sync > 0 && ps_async > 0) {
+      in.ps_probe_workers = in.workers - 1;
+      in.ps_sync_beyond_compute_s = std::max(0.0, ps_sync - in.compute_s);
+      in.ps_async_beyond_compute_s = std::max(0.0, ps_async - in.compute_s);
+      in.ps_sync_busy_cpus = get("ps_sync_busy_cpus", kCpus, 0.0);
+      in.ps_async_busy_cpus = get("ps_async_busy_cpus", kCpus, 0.0);
+    }
+    in.reduce_s_per_byte = get("reduce_s_per_byte", kSecondsPerByte);
+    for (const auto& c : j.at("codecs")) {
+      const std::string name = c.at("name").get<std::string>();
+      const std::string codec_where = fmt::format("{}: codec {}", where, name);
+      codecs.push_back({name, ProbeNumber(c, codec_where, "ratio", kRatio),
+                        ProbeNumber(c, codec_where, "s_per_byte", kCodecSecondsPerByte),
+                        std::nullopt});
+      // Earlier probes: kappa from encode + decode alone, its CPU not known.
+      if (c.contains("cpu_s_per_byte")) {
+        codecs.back().cpu_s_per_byte =
+            ProbeNumber(c, codec_where, "cpu_s_per_byte", kCodecSecondsPerByte);
+      }
+      codecs.back().s_per_chunk = ProbeNumber(c, codec_where, "s_per_chunk", kCodecSeconds, 0.0);
+      codecs.back().cpu_s_per_chunk =
+          ProbeNumber(c, codec_where, "cpu_s_per_chunk", kCodecSeconds, 0.0);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    Throw(ErrorCode::kInvalidArgument, "model --probe {}: not a probe result: {}", path,
+          e.what());
   }
-  // The flags given (their defaults mark "not given"), in the same ranges as the probe's fields.
+  return probe;
+}
+
+// The flags given (their defaults mark "not given"), in the same ranges as the probe's fields,
+// over the probe's values.
+void ApplyFlags(const ModelArgs& a, train::TimingInputs& in) {
   for (const auto& [flag, value, given, range] :
        {std::tuple{"-np", static_cast<double>(a.workers), a.workers > 0, kWorkersRange},
         std::tuple{"--model-bytes", a.model_bytes, a.model_bytes > 0, kModelBytes},
@@ -314,7 +313,6 @@ void RunModel(const ModelArgs& a) {
       RefuseInput("model", flag, fmt::format("{}", value), range);
     }
   }
-  const int probed_workers = in.workers;
   if (a.workers > 0) in.workers = a.workers;
   if (a.model_bytes > 0) in.model_bytes = a.model_bytes;
   if (a.latency_s >= 0) in.latency_s = a.latency_s;
@@ -335,6 +333,12 @@ void RunModel(const ModelArgs& a) {
   if (a.reduce_s_per_byte >= 0) in.reduce_s_per_byte = a.reduce_s_per_byte;
   if (a.chunk_overhead_s >= 0) in.chunk_overhead_s = a.chunk_overhead_s;
   if (a.contention >= 0) in.contention = a.contention;
+}
+
+// What the ranges alone cannot say: the factors, the contention and each codec's costs against
+// the float32 path's; no negative or non-finite term.
+void CheckInputs(const ModelArgs& a, const train::TimingInputs& in,
+                 const std::vector<train::CodecCost>& codecs) {
   for (const auto& [name, f] : {std::pair{"overlap_compute_factor", in.overlap_compute_factor},
                                 std::pair{"overlap_allreduce_factor", in.overlap_allreduce_factor}}) {
     if (!(f >= 1)) {
@@ -425,6 +429,9 @@ void RunModel(const ModelArgs& a) {
             a.probe_json, name, v);
     }
   }
+}
+
+void RequireComplete(const ModelArgs& a, int probed_workers, train::TimingInputs& in) {
   // A probe of one rank measured no link: its zeros are not a latency or a bandwidth for more.
   if (!a.probe_json.empty() && probed_workers == 1 && in.workers > 1) {
     if (a.latency_s < 0) in.latency_s = -1;
@@ -443,34 +450,27 @@ void RunModel(const ModelArgs& a) {
     Throw(ErrorCode::kInvalidArgument, "model: give {} (or --probe FILE from pipesgd probe --json)",
           fmt::join(missing, ", "));
   }
-  if (codecs.empty()) {
-    // Without a probe: ratios of the codecs, their CPU cost unknown (0).
-    // Ratios of a 256 Ki-element chunk, as the probe measures them.
-    codecs = {{"none", 1, 0, std::nullopt},
-              {"trunc16", 2, 0, std::nullopt},
-              {"fp16", 2, 0, std::nullopt}};
-    for (const char* name : {"q8", "q4", "sign1"}) {
-      CodecOptions copt;
-      copt.kind = ParseCodecKind(name);
-      const size_t chunk = 1 << 18;
-      codecs.push_back(
-          {name, 4.0 * chunk / static_cast<double>(MakeCodec(copt)->EncodedBytes(chunk)), 0,
-           std::nullopt});
-    }
-  }
-  const std::vector<double> chunks =
-      a.chunk_bytes > 0 ? std::vector<double>{a.chunk_bytes} : train::DefaultChunkSizes();
-  const train::ModelReport report = train::PredictAll(in, codecs, chunks);
-  for (const auto& row : report.rows) {
-    if (!std::isfinite(row.iteration_s)) {
-      Throw(ErrorCode::kInvalidArgument,
-            "model: {} with {} gives {} s per iteration from W = {}, M = {} B, alpha = {} s, "
-            "B = {} B/s, C = {} s: expected inputs whose times are finite",
-            row.scheme, row.codec, row.iteration_s, in.workers, in.model_bytes, in.latency_s,
-            in.bandwidth_Bps, in.compute_s);
-    }
-  }
+}
 
+// Without a probe: ratios of the codecs, their CPU cost unknown (0).
+std::vector<train::CodecCost> DefaultCodecs() {
+  std::vector<train::CodecCost> codecs;
+  // Ratios of a 256 Ki-element chunk, as the probe measures them.
+  codecs = {{"none", 1, 0, std::nullopt},
+            {"trunc16", 2, 0, std::nullopt},
+            {"fp16", 2, 0, std::nullopt}};
+  for (const char* name : {"q8", "q4", "sign1"}) {
+    CodecOptions copt;
+    copt.kind = ParseCodecKind(name);
+    const size_t chunk = 1 << 18;
+    codecs.push_back(
+        {name, 4.0 * chunk / static_cast<double>(MakeCodec(copt)->EncodedBytes(chunk)), 0,
+         std::nullopt});
+  }
+  return codecs;
+}
+
+void PrintInputs(const train::TimingInputs& in) {
   std::printf("# pipesgd model: W=%d workers, M=%.0f bytes, alpha=%.1f us, B=%.3f MB/s, C=%.3f ms, "
               "U=%.3f ms (U_K=%.3f ms), sigma=%.3f ms, sigma_2=%.3f ms, rho=%.4f ns/B, o=%.2f us, "
               "gamma=%.3f, width 2's overlap f_c=%.2f f_a=%.2f, CPU shares s_c=%.2f s=%.2f, "
@@ -521,6 +521,10 @@ void RunModel(const ModelArgs& a) {
                           .c_str()
                     : "");
   }
+}
+
+// One line per row, beside the terms it is made of; returns the rows as JSON.
+nlohmann::json PrintRows(const train::ModelReport& report, const train::TimingInputs& in) {
   // Each row next to what it is made of: C + U, the communication, and for the ring schemes
   // T_AR's terms (docs/timing_models.md) with the one that sets it; "vs none" is what the
   // row's codec gains its scheme.
@@ -564,6 +568,90 @@ void RunModel(const ModelArgs& a) {
     }
     rows.push_back(r);
   }
+  return rows;
+}
+
+void WriteModelJson(const std::string& path, const train::TimingInputs& in, double t_ar,
+                    const nlohmann::json& rows, const train::ModelReport& report) {
+  nlohmann::json j = {{"workers", in.workers},
+                      {"model_bytes", in.model_bytes},
+                      {"latency_s", in.latency_s},
+                      {"bandwidth_Bps", in.bandwidth_Bps},
+                      {"compute_s", in.compute_s},
+                      {"update_s", in.update_s},
+                      {"pipelined_update_s", train::UpdateTime(in, 2)},
+                      {"sync_overhead_s", in.sync_overhead_s},
+                      {"pipe_overhead_s", in.pipe_overhead_s},
+                      {"overhead_allreduce_s", in.overhead_allreduce_s},
+                      {"fast_allreduce_s", in.fast_allreduce_s},
+                      {"fast_sync_overhead_s", in.fast_sync_overhead_s},
+                      {"fast_pipe_overhead_s", in.fast_pipe_overhead_s},
+                      {"overhead_chunks_per_block", in.overhead_chunks_per_block},
+                      {"sync_overhead_per_chunk_s", in.sync_overhead_per_chunk_s},
+                      {"pipe_overhead_per_chunk_s", in.pipe_overhead_per_chunk_s},
+                      {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
+                      {"loopback", in.loopback},
+                      {"host_cpus", in.host_cpus},
+                      {"ps_probe_workers", in.ps_probe_workers},
+                      {"ps_sync_beyond_compute_s", in.ps_sync_beyond_compute_s},
+                      {"ps_async_beyond_compute_s", in.ps_async_beyond_compute_s},
+                      {"ps_sync_busy_cpus", in.ps_sync_busy_cpus},
+                      {"ps_async_busy_cpus", in.ps_async_busy_cpus},
+                      {"reduce_s_per_byte", in.reduce_s_per_byte},
+                      {"chunk_overhead_s", in.chunk_overhead_s},
+                      {"contention", in.contention},
+                      {"overlap_compute_factor", in.overlap_compute_factor},
+                      {"overlap_allreduce_factor", in.overlap_allreduce_factor},
+                      {"compute_cpu_share", in.compute_cpu_share},
+                      {"cpu_share", in.cpu_share},
+                      {"transport_cpu_s_per_byte", in.transport_cpu_s_per_byte},
+                      {"transport_cpu_s_per_message", in.transport_cpu_s_per_message},
+                      {"allreduce_s", t_ar},
+                      {"rows", rows},
+                      {"best", {{"scheme", report.best.scheme},
+                                {"codec", report.best.codec},
+                                {"width", report.best_width},
+                                {"chunk_bytes", report.best.chunk_bytes},
+                                {"iteration_s", report.best.iteration_s}}}};
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) Throw(ErrorCode::kIo, "model --json {}: cannot write", path);
+}
+
+}  // namespace
+
+void RunModel(const ModelArgs& a) {
+  train::TimingInputs in;
+  std::vector<train::CodecCost> codecs;
+  nlohmann::json probe;  // the probe's result, if given
+  if (!a.probe_json.empty()) {
+    probe = ReadProbe(a.probe_json, in, codecs);
+  } else {
+    in.workers = 4;
+    in.bandwidth_Bps = 0;
+    in.latency_s = -1;
+    in.compute_s = -1;
+  }
+  const int probed_workers = in.workers;
+  ApplyFlags(a, in);
+  CheckInputs(a, in, codecs);
+  RequireComplete(a, probed_workers, in);
+  if (codecs.empty()) codecs = DefaultCodecs();
+  const std::vector<double> chunks =
+      a.chunk_bytes > 0 ? std::vector<double>{a.chunk_bytes} : train::DefaultChunkSizes();
+  const train::ModelReport report = train::PredictAll(in, codecs, chunks);
+  for (const auto& row : report.rows) {
+    if (!std::isfinite(row.iteration_s)) {
+      Throw(ErrorCode::kInvalidArgument,
+            "model: {} with {} gives {} s per iteration from W = {}, M = {} B, alpha = {} s, "
+            "B = {} B/s, C = {} s: expected inputs whose times are finite",
+            row.scheme, row.codec, row.iteration_s, in.workers, in.model_bytes, in.latency_s,
+            in.bandwidth_Bps, in.compute_s);
+    }
+  }
+
+  PrintInputs(in);
+  const nlohmann::json rows = PrintRows(report, in);
   for (const std::string& line : ProbeSpread(probe, a.probe_json, in, codecs)) {
     std::printf("# %s\n", line.c_str());
   }
@@ -584,51 +672,7 @@ void RunModel(const ModelArgs& a) {
                 report.best.scheme.c_str(), in.workers, in.workers + 1,
                 report.best.scheme == "ps_sync" ? "PS_SYNC" : "PS_ASYNC");
   }
-  if (!a.json_path.empty()) {
-    nlohmann::json j = {{"workers", in.workers},
-                        {"model_bytes", in.model_bytes},
-                        {"latency_s", in.latency_s},
-                        {"bandwidth_Bps", in.bandwidth_Bps},
-                        {"compute_s", in.compute_s},
-                        {"update_s", in.update_s},
-                        {"pipelined_update_s", train::UpdateTime(in, 2)},
-                        {"sync_overhead_s", in.sync_overhead_s},
-                        {"pipe_overhead_s", in.pipe_overhead_s},
-                        {"overhead_allreduce_s", in.overhead_allreduce_s},
-                        {"fast_allreduce_s", in.fast_allreduce_s},
-                        {"fast_sync_overhead_s", in.fast_sync_overhead_s},
-                        {"fast_pipe_overhead_s", in.fast_pipe_overhead_s},
-                        {"overhead_chunks_per_block", in.overhead_chunks_per_block},
-                        {"sync_overhead_per_chunk_s", in.sync_overhead_per_chunk_s},
-                        {"pipe_overhead_per_chunk_s", in.pipe_overhead_per_chunk_s},
-                        {"big_message_cpu_s_per_byte", in.big_message_cpu_s_per_byte},
-                        {"loopback", in.loopback},
-                        {"host_cpus", in.host_cpus},
-                        {"ps_probe_workers", in.ps_probe_workers},
-                        {"ps_sync_beyond_compute_s", in.ps_sync_beyond_compute_s},
-                        {"ps_async_beyond_compute_s", in.ps_async_beyond_compute_s},
-                        {"ps_sync_busy_cpus", in.ps_sync_busy_cpus},
-                        {"ps_async_busy_cpus", in.ps_async_busy_cpus},
-                        {"reduce_s_per_byte", in.reduce_s_per_byte},
-                        {"chunk_overhead_s", in.chunk_overhead_s},
-                        {"contention", in.contention},
-                        {"overlap_compute_factor", in.overlap_compute_factor},
-                        {"overlap_allreduce_factor", in.overlap_allreduce_factor},
-                        {"compute_cpu_share", in.compute_cpu_share},
-                        {"cpu_share", in.cpu_share},
-                        {"transport_cpu_s_per_byte", in.transport_cpu_s_per_byte},
-                        {"transport_cpu_s_per_message", in.transport_cpu_s_per_message},
-                        {"allreduce_s", t_ar},
-                        {"rows", rows},
-                        {"best", {{"scheme", report.best.scheme},
-                                  {"codec", report.best.codec},
-                                  {"width", report.best_width},
-                                  {"chunk_bytes", report.best.chunk_bytes},
-                                  {"iteration_s", report.best.iteration_s}}}};
-    std::ofstream out(a.json_path);
-    out << j.dump(2) << "\n";
-    if (!out) Throw(ErrorCode::kIo, "model --json {}: cannot write", a.json_path);
-  }
+  if (!a.json_path.empty()) WriteModelJson(a.json_path, in, t_ar, rows, report);
 }
 
 }  // namespace pipesgd::launcher
