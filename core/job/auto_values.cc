@@ -28,6 +28,85 @@ collective::CommunicatorOptions RingConnectOptions(const config::Job& job) {
   return o;
 }
 
+namespace {
+
+// What AutoTune measured and chose, into the run's report (summary.json "auto") and, at the
+// lead rank, the log.
+void ReportAutoTune(const train::AutoTuneResult& r, CodecKind own, size_t params, bool lead,
+                    RingSettings& s) {
+  s.pipeline_width = r.width;
+  s.chunk_bytes = r.chunk_bytes;
+  s.streams = r.streams;
+  nlohmann::json allreduce = nlohmann::json::array();
+  std::vector<std::string> timed;
+  for (const auto& t : r.allreduce) {
+    allreduce.push_back(
+        {{"chunk_bytes", t.chunk_bytes}, {"streams", t.streams}, {"seconds", t.seconds}});
+    timed.push_back(fmt::format("{} x {}: {:.3f} ms", Bytes(t.chunk_bytes), t.streams,
+                                t.seconds * 1e3));
+  }
+  nlohmann::json widths = nlohmann::json::array();
+  for (const auto& w : r.widths) {
+    widths.push_back(
+        {{"width", w.width}, {"step_s", w.step_s}, {"predicted_s", w.predicted_s}});
+  }
+  double chosen_ar = 0;
+  for (const auto& t : r.allreduce) {
+    if (t.chunk_bytes == s.chunk_bytes && t.streams == s.streams) chosen_ar = t.seconds;
+  }
+  nlohmann::json codecs = nlohmann::json::array();
+  std::vector<std::string> gains;
+  for (const auto& c : r.codecs) {
+    codecs.push_back({{"codec", CodecName(c.codec)}, {"seconds", c.seconds}});
+    gains.push_back(fmt::format("{} {:.3f} ms ({:.2f}x)", CodecName(c.codec), c.seconds * 1e3,
+                                chosen_ar > 0 ? c.seconds / chosen_ar : 0.0));
+  }
+  s.report["codecs"] = codecs;
+  s.report["tuning_s"] = r.seconds;
+  s.report["compute_s"] = r.compute_s;
+  s.report["allreduce"] = allreduce;
+  s.report["widths"] = widths;
+  s.report["congestion_restarted"] = r.congestion_restarted;
+  if (lead) {
+    if (!r.allreduce.empty()) {
+      PSGD_LOG_INFO("auto: comm.chunk_bytes = {}, comm.streams = {}: the gradient's AllReduce "
+                    "({} B), slowest rank, at chunk x streams: {}",
+                    Bytes(s.chunk_bytes), s.streams, 4 * (params + 1),
+                    fmt::join(timed, ", "));
+    } else {
+      PSGD_LOG_INFO("auto: one rank: nothing to reduce, so nothing measured: "
+                    "train.pipeline_width = {}, comm.chunk_bytes = {}, comm.streams = {}",
+                    s.pipeline_width, Bytes(s.chunk_bytes), s.streams);
+    }
+    if (!gains.empty()) {
+      PSGD_LOG_INFO("auto: the same AllReduce at {} x {} with comm.compression {} (this job's) "
+                    "{:.3f} ms; with {}. Compression stays your choice: it changes accuracy "
+                    "(docs/compression.md)",
+                    Bytes(s.chunk_bytes), s.streams, CodecName(own),
+                    chosen_ar * 1e3, fmt::join(gains, ", "));
+    }
+    if (!r.widths.empty()) {
+      std::vector<std::string> steps;
+      for (const auto& w : r.widths) {
+        steps.push_back(fmt::format("width {} {:.3f} ms (model {:.3f} ms)", w.width,
+                                    w.step_s * 1e3, w.predicted_s * 1e3));
+      }
+      PSGD_LOG_INFO("auto: train.pipeline_width = {}: a training step measured at {}; the "
+                    "model's inputs: compute {:.3f} ms, AllReduce {:.3f} ms, no contention",
+                    s.pipeline_width, fmt::join(steps, ", "), r.compute_s * 1e3,
+                    chosen_ar * 1e3);
+    }
+    PSGD_LOG_INFO("auto: tuned in {:.2f} s{}", r.seconds,
+                  r.congestion_restarted.empty()
+                      ? ""
+                      : fmt::format("; TCP congestion control ({}) restarted on the job's "
+                                    "connections",
+                                    r.congestion_restarted));
+  }
+}
+
+}  // namespace
+
 RingSettings ResolveRingSettings(const config::Job& job, collective::Communicator& comm,
                                  train::Objective& objective, std::span<const float> params,
                                  const train::TrainerOptions& trainer,
@@ -82,76 +161,7 @@ RingSettings ResolveRingSettings(const config::Job& job, collective::Communicato
                            CodecKind::kQ4, CodecKind::kSign1}) {
       if (kind != own) request.compare_codecs.push_back(kind);
     }
-    const train::AutoTuneResult r = train::AutoTune(comm, objective, params, request);
-    s.pipeline_width = r.width;
-    s.chunk_bytes = r.chunk_bytes;
-    s.streams = r.streams;
-    nlohmann::json allreduce = nlohmann::json::array();
-    std::vector<std::string> timed;
-    for (const auto& t : r.allreduce) {
-      allreduce.push_back(
-          {{"chunk_bytes", t.chunk_bytes}, {"streams", t.streams}, {"seconds", t.seconds}});
-      timed.push_back(fmt::format("{} x {}: {:.3f} ms", Bytes(t.chunk_bytes), t.streams,
-                                  t.seconds * 1e3));
-    }
-    nlohmann::json widths = nlohmann::json::array();
-    for (const auto& w : r.widths) {
-      widths.push_back(
-          {{"width", w.width}, {"step_s", w.step_s}, {"predicted_s", w.predicted_s}});
-    }
-    double chosen_ar = 0;
-    for (const auto& t : r.allreduce) {
-      if (t.chunk_bytes == s.chunk_bytes && t.streams == s.streams) chosen_ar = t.seconds;
-    }
-    nlohmann::json codecs = nlohmann::json::array();
-    std::vector<std::string> gains;
-    for (const auto& c : r.codecs) {
-      codecs.push_back({{"codec", CodecName(c.codec)}, {"seconds", c.seconds}});
-      gains.push_back(fmt::format("{} {:.3f} ms ({:.2f}x)", CodecName(c.codec), c.seconds * 1e3,
-                                  chosen_ar > 0 ? c.seconds / chosen_ar : 0.0));
-    }
-    s.report["codecs"] = codecs;
-    s.report["tuning_s"] = r.seconds;
-    s.report["compute_s"] = r.compute_s;
-    s.report["allreduce"] = allreduce;
-    s.report["widths"] = widths;
-    s.report["congestion_restarted"] = r.congestion_restarted;
-    if (lead) {
-      if (!r.allreduce.empty()) {
-        PSGD_LOG_INFO("auto: comm.chunk_bytes = {}, comm.streams = {}: the gradient's AllReduce "
-                      "({} B), slowest rank, at chunk x streams: {}",
-                      Bytes(s.chunk_bytes), s.streams, 4 * (params.size() + 1),
-                      fmt::join(timed, ", "));
-      } else {
-        PSGD_LOG_INFO("auto: one rank: nothing to reduce, so nothing measured: "
-                      "train.pipeline_width = {}, comm.chunk_bytes = {}, comm.streams = {}",
-                      s.pipeline_width, Bytes(s.chunk_bytes), s.streams);
-      }
-      if (!gains.empty()) {
-        PSGD_LOG_INFO("auto: the same AllReduce at {} x {} with comm.compression {} (this job's) "
-                      "{:.3f} ms; with {}. Compression stays your choice: it changes accuracy "
-                      "(docs/compression.md)",
-                      Bytes(s.chunk_bytes), s.streams, CodecName(comm.options().codec.kind),
-                      chosen_ar * 1e3, fmt::join(gains, ", "));
-      }
-      if (!r.widths.empty()) {
-        std::vector<std::string> steps;
-        for (const auto& w : r.widths) {
-          steps.push_back(fmt::format("width {} {:.3f} ms (model {:.3f} ms)", w.width,
-                                      w.step_s * 1e3, w.predicted_s * 1e3));
-        }
-        PSGD_LOG_INFO("auto: train.pipeline_width = {}: a training step measured at {}; the "
-                      "model's inputs: compute {:.3f} ms, AllReduce {:.3f} ms, no contention",
-                      s.pipeline_width, fmt::join(steps, ", "), r.compute_s * 1e3,
-                      chosen_ar * 1e3);
-      }
-      PSGD_LOG_INFO("auto: tuned in {:.2f} s{}", r.seconds,
-                    r.congestion_restarted.empty()
-                        ? ""
-                        : fmt::format("; TCP congestion control ({}) restarted on the job's "
-                                      "connections",
-                                      r.congestion_restarted));
-    }
+    ReportAutoTune(train::AutoTune(comm, objective, params, request), own, params.size(), lead, s);
   }
   if (lead && from_checkpoint) {
     PSGD_LOG_INFO("auto: kept the checkpoint's train.pipeline_width = {}, comm.chunk_bytes = {}, "
