@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/job/config.h"
-#include "core/probe.pb.h"  // generated from core/train/probe.proto
 #include "core/job/worker.h"
+#include "core/probe.pb.h"  // generated from core/train/probe.proto
 #include "core/train/classifier_task.h"
 
 namespace pipesgd::launcher::probe {
