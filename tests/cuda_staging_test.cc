@@ -124,7 +124,7 @@ std::string TrainOnGpu(const RankContext& ctx, uint64_t segment_bytes) {
     staging.lanes = 3;
     slots = std::make_unique<cuda::CudaDeviceGradients>(gpu, *comm, 2, params.size() + 1,
                                                         staging);
-    options.device_gradients = slots.get();
+    options.gradient_slots = slots.get();
   }
   train::Trainer trainer(*comm, task, sgd, params, options);
   for (int t = 0; t < 20; ++t) trainer.Step();

@@ -1,4 +1,4 @@
-// The trainer with device gradient slots (TrainerOptions::device_gradients, the GPU path's
+// The trainer with device gradient slots (TrainerOptions::gradient_slots, the GPU path's
 // structure) against the trainer with host slots, on the CPU: "device" memory is host memory and
 // the slots are AllReduced through the staged AllReduce with the memcpy copier
 // (HostStagingCopier), in segments of a few floats over 3 lanes or in one segment. Integer
@@ -29,8 +29,9 @@ using testing::RunRanks;
 
 constexpr size_t kParams = 1000;
 
-// Slots in host memory standing in for device memory, reduced like CudaDeviceGradients.
-class HostDeviceGradients final : public train::DeviceGradients {
+// Slots in host memory standing in for device memory, reduced like CudaDeviceGradients: through
+// the staged AllReduce, as a GradientReducer, with the summary taken from the staging lanes.
+class HostDeviceGradients final : public train::GradientSlots {
  public:
   HostDeviceGradients(collective::Communicator& comm, int slots, size_t elems, int lanes,
                       size_t segment)
@@ -40,26 +41,35 @@ class HostDeviceGradients final : public train::DeviceGradients {
   }
   int slots() const override { return static_cast<int>(slots_.size()); }
   size_t slot_elems() const override { return elems_; }
-  float* slot(int i) override { return slots_.at(i).data(); }
+  float* slot(int i) { return slots_.at(i).data(); }
+  void Compute(train::Objective& objective, int i, int64_t step,
+               std::span<const float> at) override {
+    slots_[i].back() = objective.ComputeGradientOnDevice(step, at, slot(i));
+  }
   void AllReduce(int i, collective::ReduceOp op, Deadline deadline,
                  const std::atomic<bool>* abort,
                  const collective::AllReduceOptions& call) override {
     ++allreduces;
     train::SlotSummaryBuilder summary(elems_);
-    staged_.AllReduce(slot(i), elems_, op, deadline, abort, call,
-                      [&summary](size_t offset, std::span<const float> values) {
-                        summary.Add(offset, values);
-                      });
+    staged_.set_observer([&summary](size_t offset, std::span<const float> values) {
+      summary.Add(offset, values);
+    });
+    collective::GradientReducer& reducer = staged_;
+    reducer.AllReduce(slots_[i], op, deadline, abort, call);
+    staged_.set_observer(nullptr);
     summaries_[i] = summary.Get();
   }
   collective::WireStats last_wire_stats() const override { return staged_.last_wire_stats(); }
-  void SetLoss(int i, float loss) override { slots_[i].back() = loss; }
+  float Loss(int i) override { return Summary(i).loss; }
   train::SlotSummary Summary(int i) override {
     if (summaries_[i]) return *summaries_[i];
     ++computed_summaries;  // after a Write: from the data itself
     train::SlotSummaryBuilder summary(elems_);
     summary.Add(0, slots_[i]);
     return summary.Get();
+  }
+  void Apply(train::Optimizer& optimizer, int i, std::span<float> params) override {
+    optimizer.ApplyFromDevice(params, slot(i));
   }
   void Read(int i, std::span<float> out) override {
     std::memcpy(out.data(), slot(i), out.size_bytes());
@@ -128,7 +138,7 @@ std::string TrainRun(const RankContext& ctx, const Case& c, bool device) {
   train::TrainerOptions options{c.width, 60};
   if (device) {
     slots = std::make_unique<HostDeviceGradients>(*comm, c.width, kParams + 1, 3, c.segment);
-    options.device_gradients = slots.get();
+    options.gradient_slots = slots.get();
   }
   train::Trainer trainer(*comm, objective, sgd, params, options);
   std::vector<float> out;
@@ -188,7 +198,7 @@ TEST(DeviceSlots, NonFiniteAggregateStopsEveryRankNamingTheParameter) {
     std::vector<float> params(kParams, 1.0f);
     HostDeviceGradients slots(*comm, 2, kParams + 1, 2, 100);
     train::TrainerOptions options{2, 60};
-    options.device_gradients = &slots;
+    options.gradient_slots = &slots;
     train::Trainer trainer(*comm, objective, sgd, params, options);
     try {
       for (int t = 0; t < 10; ++t) trainer.Step();
@@ -243,7 +253,7 @@ TEST(DeviceSlots, HostOnlyObjectiveIsAClearError) {
     std::vector<float> params(kParams, 1.0f);
     HostDeviceGradients slots(*comm, 1, kParams + 1, 2, 100);
     train::TrainerOptions options{1, 60};
-    options.device_gradients = &slots;
+    options.gradient_slots = &slots;
     train::Trainer trainer(*comm, objective, sgd, params, options);
     try {
       trainer.Step();

@@ -104,8 +104,10 @@ struct StagingOptions {
 };
 
 // Registers the copier's lanes with comm's transport once (so RDMA transports need no per-call
-// registration) and runs staged collectives. Both must outlive it.
-class StagedAllReduce {
+// registration) and runs staged collectives. Both must outlive it. As a GradientReducer it reduces
+// a span of DEVICE memory (the device gradient slots, core/cuda/cuda_gradients.h): the span is
+// never read on the host.
+class StagedAllReduce final : public GradientReducer {
  public:
   // Throws Error(kInvalidArgument) when the copier has fewer than 2 lanes or no segment, or the
   // communicator uses error feedback (its residual is per call size; segments would reset it).
@@ -123,14 +125,21 @@ class StagedAllReduce {
   void AllReduce(float* data, size_t count, ReduceOp op, Deadline deadline,
                  const std::atomic<bool>* abort = nullptr, const AllReduceOptions& call = {},
                  const SegmentObserver& reduced = nullptr);
+  // The same on device memory data[0, data.size()), with the observer set_observer gave.
+  void AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
+                 const std::atomic<bool>* abort, const AllReduceOptions& call) override {
+    AllReduce(data.data(), data.size(), op, deadline, abort, call, observer_);
+  }
+  void set_observer(SegmentObserver observer) { observer_ = std::move(observer); }
   // What the last AllReduce sent, summed over its segments.
-  const WireStats& last_wire_stats() const { return stats_; }
+  const WireStats& last_wire_stats() const override { return stats_; }
 
  private:
   Communicator& comm_;
   StagingCopier& copier_;
   std::vector<std::unique_ptr<transport::MemoryRegion>> regions_;
   WireStats stats_;
+  SegmentObserver observer_;
 };
 
 }  // namespace pipesgd::collective

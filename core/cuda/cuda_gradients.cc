@@ -41,11 +41,24 @@ void CudaDeviceGradients::AllReduce(int i, collective::ReduceOp op, Deadline dea
   summaries_[i].reset();
   train::SlotSummaryBuilder summary(slot_elems_);
   copier_->UseReadyEvent(ready_[i].get());
-  staged_->AllReduce(slot(i), slot_elems_, op, deadline, abort, call,
-                     [&summary](size_t offset, std::span<const float> values) {
-                       summary.Add(offset, values);
-                     });
+  staged_->set_observer([&summary](size_t offset, std::span<const float> values) {
+    summary.Add(offset, values);
+  });
+  struct Unobserve {  // `summary` ends with this call, however it ends
+    collective::StagedAllReduce& staged;
+    ~Unobserve() { staged.set_observer(nullptr); }
+  } unobserve{*staged_};
+  staged_->AllReduce(std::span<float>(slot(i), slot_elems_), op, deadline, abort, call);
   summaries_[i] = summary.Get();
+}
+
+void CudaDeviceGradients::Compute(train::Objective& objective, int i, int64_t step,
+                                  std::span<const float> at) {
+  SetLoss(i, objective.ComputeGradientOnDevice(step, at, slot(i)));
+}
+
+void CudaDeviceGradients::Apply(train::Optimizer& optimizer, int i, std::span<float> params) {
+  optimizer.ApplyFromDevice(params, slot(i));
 }
 
 void CudaDeviceGradients::SetLoss(int i, float loss) {

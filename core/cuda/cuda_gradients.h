@@ -1,4 +1,4 @@
-// Device gradient slots for the trainer (train::DeviceGradients, core/train/trainer.h) on one
+// Device gradient slots for the trainer (train::GradientSlots, core/train/gradient_slots.h) on one
 // CUDA device: K device buffers of num_params + 1 floats, AllReduced in place through the staged
 // AllReduce (core/collective/staged_allreduce.h) with pinned host lanes and two copy streams
 // (CudaStagingCopier), so the device-to-host copy of segment i+1, the ring on segment i and the
@@ -20,7 +20,7 @@
 
 namespace pipesgd::cuda {
 
-class CudaDeviceGradients final : public train::DeviceGradients {
+class CudaDeviceGradients final : public train::GradientSlots {
  public:
   // `slots` buffers of `slot_elems` floats on ctx's device; segments of
   // min(staging.segment_bytes / 4, slot_elems) floats in staging.lanes pinned lanes. comm and
@@ -32,14 +32,23 @@ class CudaDeviceGradients final : public train::DeviceGradients {
 
   int slots() const override { return static_cast<int>(slots_.size()); }
   size_t slot_elems() const override { return slot_elems_; }
-  float* slot(int i) override { return slots_.at(i).data(); }
+  // Device pointer to slot i (slot_elems floats).
+  float* slot(int i) { return slots_.at(i).data(); }
+  // Stores the loss in slot i's last element, ordered before the slot's next AllReduce (does not
+  // block).
+  void SetLoss(int i, float loss);
+  // The objective's ComputeGradientOnDevice into slot i, then SetLoss.
+  void Compute(train::Objective& objective, int i, int64_t step,
+               std::span<const float> at) override;
   // Runs on the trainer's communication thread (selects the device there first).
   void AllReduce(int i, collective::ReduceOp op, Deadline deadline,
                  const std::atomic<bool>* abort,
                  const collective::AllReduceOptions& call) override;
   collective::WireStats last_wire_stats() const override { return staged_->last_wire_stats(); }
-  void SetLoss(int i, float loss) override;
+  float Loss(int i) override { return Summary(i).loss; }
   train::SlotSummary Summary(int i) override;
+  // The optimizer's ApplyFromDevice on slot i.
+  void Apply(train::Optimizer& optimizer, int i, std::span<float> params) override;
   void Read(int i, std::span<float> out) override;
   void Write(int i, std::span<const float> in) override;
 

@@ -286,7 +286,7 @@ class RingJob : public JobMode {
     collective::StagingOptions staging;
     device_gradients_ = std::make_unique<cuda::CudaDeviceGradients>(*gpu_.gpu, *comm_, width,
                                                                     n + 1, staging);
-    options_.device_gradients = device_gradients_.get();
+    options_.gradient_slots = device_gradients_.get();
     if (ctx.lead) {
       PSGD_LOG_INFO("gradients stay on the GPU: {} device slots, staged through {} pinned "
                     "host lanes of {} KiB",

@@ -10,19 +10,6 @@ namespace pipesgd::train {
 
 using collective::ReduceOp;
 
-void SlotSummaryBuilder::Add(size_t offset, std::span<const float> values) {
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (!std::isfinite(values[i]) &&
-        (summary_.first_nonfinite < 0 ||
-         offset + i < static_cast<size_t>(summary_.first_nonfinite))) {
-      summary_.first_nonfinite = static_cast<int64_t>(offset + i);
-      summary_.nonfinite_value = values[i];
-      break;  // later ones in this piece are higher
-    }
-  }
-  if (offset + values.size() == elems_ && !values.empty()) summary_.loss = values.back();
-}
-
 float Objective::ComputeGradientOnDevice(int64_t, std::span<const float>, float*) {
   Throw(ErrorCode::kInvalidArgument,
         "this objective computes gradients in host memory only; the trainer was given device "
@@ -52,13 +39,12 @@ void Optimizer::ApplyFromDevice(std::span<float>, const float*) {
 Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer& optimizer,
                  std::span<float> params, const TrainerOptions& options)
     : comm_(comm),
-      gradients_(options.reducer != nullptr ? *options.reducer : comm),
       objective_(objective),
       optimizer_(optimizer),
       params_(params),
       options_(options),
       num_params_(objective.num_params()),
-      device_(options.device_gradients) {
+      store_(options.gradient_slots) {
   if (options.pipeline_width < 1) {
     Throw(ErrorCode::kInvalidArgument, "pipeline width {}: expected an integer >= 1",
           options.pipeline_width);
@@ -67,14 +53,14 @@ Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer
     Throw(ErrorCode::kInvalidArgument, "trainer got {} parameters, the objective has {}",
           params.size(), num_params_);
   }
-  if (device_ != nullptr &&
-      (device_->slots() < options.pipeline_width || device_->slot_elems() != num_params_ + 1)) {
+  if (store_ != nullptr &&
+      (store_->slots() < options.pipeline_width || store_->slot_elems() != num_params_ + 1)) {
     Throw(ErrorCode::kInvalidArgument,
           "device gradient slots: {} of {} floats; pipeline width {} needs {} of {}",
-          device_->slots(), device_->slot_elems(), options.pipeline_width,
+          store_->slots(), store_->slot_elems(), options.pipeline_width,
           options.pipeline_width, num_params_ + 1);
   }
-  if (options.reducer != nullptr && device_ != nullptr) {
+  if (options.reducer != nullptr && store_ != nullptr) {
     Throw(ErrorCode::kInvalidArgument,
           "a gradient reducer (PowerSGD) needs host gradient slots, not device ones");
   }
@@ -84,7 +70,7 @@ Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer
   }
   const bool compensating =
       options.compensation != StalenessCompensation::kNone && options.pipeline_width > 1;
-  if (compensating && device_ != nullptr) {
+  if (compensating && store_ != nullptr && store_->host_slot(0).empty()) {
     Throw(ErrorCode::kInvalidArgument,
           "a staleness compensation needs host gradient slots: the weight prediction reads "
           "this rank's gradient and the optimizer state on the host");
@@ -99,12 +85,11 @@ Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer
     }
   }
   slots_.resize(options.pipeline_width);
-  if (device_ == nullptr) {
-    for (Slot& slot : slots_) {
-      slot.buffer.assign(num_params_ + 1, 0.0f);
-      // Registered once, so RDMA transports move it with no per-step registration.
-      slot.region = comm_.RegisterMemory(slot.buffer);
-    }
+  if (store_ == nullptr) {
+    host_slots_ = std::make_unique<HostGradientSlots>(
+        comm, options.reducer != nullptr ? *options.reducer : comm, options.pipeline_width,
+        num_params_ + 1);
+    store_ = host_slots_.get();
   }
   comm_thread_ = std::thread([this] { CommLoop(); });
 }
@@ -131,13 +116,12 @@ void Trainer::CommLoop() {
     try {
       if (timeline_ && job->step >= 0) timeline_->SetStep(timeline::kComm, job->step);
       timeline::Span span(job->step >= 0 ? timeline_ : nullptr, timeline::kComm, "allreduce");
-      if (job->device_slot >= 0) {
-        device_->AllReduce(job->device_slot, job->op, Deadline::After(options_.timeout_s),
-                           &abort_, job->call);
-      } else {
-        collective::GradientReducer& reducer = job->gradient ? gradients_ : comm_;
-        reducer.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_,
+      if (job->slot >= 0) {
+        store_->AllReduce(job->slot, job->op, Deadline::After(options_.timeout_s), &abort_,
                           job->call);
+      } else {
+        comm_.AllReduce(job->data, job->op, Deadline::After(options_.timeout_s), &abort_,
+                        job->call);
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -148,8 +132,7 @@ void Trainer::CommLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (job->gradient) {
-        const collective::WireStats stats =
-            job->device_slot >= 0 ? device_->last_wire_stats() : gradients_.last_wire_stats();
+        const collective::WireStats stats = store_->last_wire_stats();
         wire_.steps += 1;
         wire_.compressed_steps += stats.compressed ? 1 : 0;
         wire_.bytes_sent += stats.bytes_sent;
@@ -210,18 +193,13 @@ void Trainer::Step() {
   if (timeline_) timeline_->SetStep(timeline::kCompute, t);
 
   const std::span<const float> at = GradientPoint();
-  if (device_ != nullptr) {
-    const float loss = objective_.ComputeGradientOnDevice(t, at, device_->slot(index));
-    device_->SetLoss(index, loss);
-    slot.job.device_slot = index;
-  } else {
-    std::span<float> grads(slot.buffer.data(), num_params_);
-    const float loss = objective_.ComputeGradient(t, at, grads);
-    slot.buffer[num_params_] = loss;
-    slot.job.data = slot.buffer;
+  store_->Compute(objective_, index, t, at);
+  slot.job.slot = index;
+  if (!local_.empty()) {
     // The AllReduce overwrites the slot with G[t]; the prediction needs g[t] until G[t] is
     // applied.
-    if (!local_.empty()) std::copy(grads.begin(), grads.end(), local_[index].begin());
+    const std::span<const float> grads = store_->host_slot(index).first(num_params_);
+    std::copy(grads.begin(), grads.end(), local_[index].begin());
   }
   slot.step = t;
   slot.busy = true;
@@ -241,25 +219,11 @@ void Trainer::Step() {
   if (t - lag >= finished_) Finish(t - lag, /*apply=*/true);
 }
 
-float Trainer::SlotLoss(int index) {
-  if (device_ == nullptr) return slots_[index].buffer[num_params_];
-  return device_->Summary(index).loss;
-}
-
 void Trainer::CheckAggregate(int index, int64_t s, const char* what,
                              const char* consequence) {
-  int64_t bad = -1;
-  float value = 0;
-  if (device_ != nullptr) {
-    const SlotSummary summary = device_->Summary(index);
-    bad = summary.first_nonfinite;
-    value = summary.nonfinite_value;
-  } else {
-    const std::vector<float>& buffer = slots_[index].buffer;
-    for (size_t i = 0; i < buffer.size() && bad < 0; ++i) {
-      if (!std::isfinite(buffer[i])) bad = static_cast<int64_t>(i), value = buffer[i];
-    }
-  }
+  const SlotSummary summary = store_->Summary(index);
+  const int64_t bad = summary.first_nonfinite;
+  const float value = summary.nonfinite_value;
   if (bad < 0) return;
   Throw(ErrorCode::kNumerical, "rank {}: step {}: the {} has a non-finite value ({}) at {} {}; {}",
         comm_.rank(), s, what, value,
@@ -277,7 +241,7 @@ void Trainer::Finish(int64_t s, bool apply) {
     std::unique_lock<std::mutex> lock(mu_);
     WaitJob(lock, slot.job, s);
   }
-  const float loss = SlotLoss(index);
+  const float loss = store_->Loss(index);
   losses_[s] = loss;
   // Checked only for updates that are applied: Drain(false) after an error must still release
   // every slot (so no peer is left inside a collective), whatever the values.
@@ -290,19 +254,16 @@ void Trainer::Finish(int64_t s, bool apply) {
   if (apply) {
     CheckAggregate(index, s, "averaged gradient", "stopping without applying this update");
     timeline::Span span(timeline_, timeline::kCompute, "update");
-    const std::span<const float> aggregate(slot.buffer.data(), num_params_);
-    if (device_ != nullptr) {
-      optimizer_.ApplyFromDevice(params_, device_->slot(index));
-    } else if (!predicted_.empty() && steps_ == s + 2) {
+    if (!predicted_.empty() && steps_ == s + 2) {
       // One step (s + 1) stays in flight: the next gradient's point comes out of the same pass.
       const size_t next = static_cast<size_t>((s + 1) % options_.pipeline_width);
-      optimizer_.ApplyAndPredict(params_, aggregate,
+      optimizer_.ApplyAndPredict(params_, store_->host_slot(index).first(num_params_),
                                  local_.empty() ? std::span<const float>(zeros_)
                                                 : std::span<const float>(local_[next]),
                                  predicted_);
       predicted_for_ = steps_;
     } else {
-      optimizer_.Apply(params_, aggregate);
+      store_->Apply(optimizer_, index, params_);
     }
     ++applied_;
   }
@@ -313,7 +274,7 @@ void Trainer::Finish(int64_t s, bool apply) {
 void Trainer::HarvestLosses() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
-    if (slot.busy && slot.job.done) losses_[slot.step] = SlotLoss(static_cast<int>(i));
+    if (slot.busy && slot.job.done) losses_[slot.step] = store_->Loss(static_cast<int>(i));
   }
 }
 
@@ -368,11 +329,8 @@ TrainerSnapshot Trainer::Snapshot() {
     const Slot& slot = slots_[index];
     PSGD_CHECK_EQ(slot.step, s);
     CheckAggregate(index, s, "pending aggregate", "not taking a checkpoint of this state");
-    std::vector<float> aggregate = slot.buffer;
-    if (device_ != nullptr) {
-      aggregate.resize(num_params_ + 1);
-      device_->Read(index, aggregate);
-    }
+    std::vector<float> aggregate(num_params_ + 1);
+    store_->Read(index, aggregate);
     std::vector<float> local;
     if (!local_.empty()) local = local_[static_cast<size_t>(index)];
     snapshot.pending.push_back({s, std::move(aggregate), std::move(local)});
@@ -418,13 +376,8 @@ void Trainer::Restore(const TrainerSnapshot& snapshot) {
   for (const TrainerSnapshot::Pending& p : snapshot.pending) {
     const int index = static_cast<int>(p.step % k);
     Slot& slot = slots_[index];
-    if (device_ != nullptr) {
-      device_->Write(index, p.aggregate);
-      slot.job.device_slot = index;
-    } else {
-      slot.buffer = p.aggregate;
-      slot.job.data = slot.buffer;
-    }
+    store_->Write(index, p.aggregate);
+    slot.job.slot = index;
     if (!local_.empty()) local_[static_cast<size_t>(index)] = p.local;
     slot.step = p.step;
     slot.busy = true;

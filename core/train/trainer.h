@@ -16,11 +16,12 @@
 // averaged over ranks arrives with G[t] at no extra collective, and a non-finite loss stops every
 // rank at the same step with the same error.
 //
-// Gradient slots live in host memory by default. With TrainerOptions::device_gradients (the GPU
-// path) they live in device memory instead: the objective writes g[t] there, the communication
-// thread AllReduces the device slot through that object (e.g. staged through pinned host
-// buffers, core/collective/staged_allreduce.h), and the optimizer reads G[t] there, so the
-// gradient never makes a whole extra trip through host memory.
+// The slots are one store (core/train/gradient_slots.h): in host memory by default, reduced by the
+// ring or TrainerOptions::reducer (PowerSGD); with TrainerOptions::gradient_slots (the GPU path)
+// in device memory instead: the objective writes g[t] there, the communication thread AllReduces
+// the device slot (staged through pinned host buffers, core/collective/staged_allreduce.h), and
+// the optimizer reads G[t] there, so the gradient never makes a whole extra trip through host
+// memory.
 #pragma once
 
 #include <atomic>
@@ -37,6 +38,7 @@
 #include "core/base/timeline.h"
 #include "core/collective/powersgd.h"
 #include "core/collective/ring_allreduce.h"
+#include "core/train/gradient_slots.h"
 
 namespace pipesgd::train {
 
@@ -103,54 +105,6 @@ struct TrainerSnapshot {
   std::vector<Pending> pending;  // ascending steps, at most K-1
 };
 
-// What the trainer needs to know of a reduced gradient slot before it applies it: the averaged
-// loss (the slot's last element) and the first non-finite element, if any.
-struct SlotSummary {
-  float loss = 0;
-  int64_t first_nonfinite = -1;  // element index, -1: all finite
-  float nonfinite_value = 0;
-};
-
-// Builds a SlotSummary from a slot's values seen piece by piece (e.g. each staged segment in its
-// host lane while it is reduced), so the trainer needs no extra pass over device memory.
-class SlotSummaryBuilder {
- public:
-  explicit SlotSummaryBuilder(size_t elems) : elems_(elems) {}
-  void Add(size_t offset, std::span<const float> values);
-  SlotSummary Get() const { return summary_; }
-
- private:
-  size_t elems_;
-  SlotSummary summary_;
-};
-
-// Gradient slots in device memory and how they are AllReduced (see the top of this file). The
-// trainer calls slot/SetLoss/Summary/Read/Write on its compute thread and AllReduce on its
-// communication thread, never two calls on the same slot at once. Every slot holds
-// num_params + 1 floats: the gradient, then the loss.
-class DeviceGradients {
- public:
-  virtual ~DeviceGradients() = default;
-  virtual int slots() const = 0;
-  virtual size_t slot_elems() const = 0;  // num_params + 1
-  // Device pointer to slot i (slot_elems floats).
-  virtual float* slot(int i) = 0;
-  // Stores the loss in slot i's last element, ordered before the slot's next AllReduce (need
-  // not block).
-  virtual void SetLoss(int i, float loss) = 0;
-  // As Communicator::AllReduce on slot i's slot_elems floats, in place; throws what it throws.
-  virtual void AllReduce(int i, collective::ReduceOp op, Deadline deadline,
-                         const std::atomic<bool>* abort,
-                         const collective::AllReduceOptions& call) = 0;
-  // What the last AllReduce sent (all of it, over however many collectives it took).
-  virtual collective::WireStats last_wire_stats() const = 0;
-  // Loss and first non-finite element of slot i as it is now (after its AllReduce or a Write).
-  virtual SlotSummary Summary(int i) = 0;
-  // Blocking copies of the whole of slot i to and from host memory (checkpoints).
-  virtual void Read(int i, std::span<float> out) = 0;
-  virtual void Write(int i, std::span<const float> in) = 0;
-};
-
 // Where a trainer of width K >= 2 computes g[t], given that K-1 updates are still in flight
 // (docs/staleness.md has the recurrences and where they come from).
 enum class StalenessCompensation {
@@ -173,9 +127,9 @@ struct TrainerOptions {
   // Steps 0 .. warmup_steps-1 send their gradients uncompressed even when the communicator
   // has a codec (early gradients are large and change fast; compression error hurts most).
   int64_t compression_warmup_steps = 0;
-  // Device gradient slots (null: host slots). At least pipeline_width slots of num_params + 1
-  // floats; must outlive the trainer.
-  DeviceGradients* device_gradients = nullptr;
+  // The gradient slots (null: HostGradientSlots the trainer makes, reduced by `reducer` or the
+  // ring). At least pipeline_width slots of num_params + 1 floats; must outlive the trainer.
+  GradientSlots* gradient_slots = nullptr;
   // With K >= 2; needs host gradient slots and an optimizer with Predict.
   StalenessCompensation compensation = StalenessCompensation::kNone;
   // Reduces the gradient slots instead of one Communicator::AllReduce each (PowerSGD); needs
@@ -261,12 +215,10 @@ class Trainer {
     collective::AllReduceOptions call;
     bool gradient = false;  // counts in wire_totals()
     int64_t step = -1;      // the gradient's step (timeline); -1 for other collectives
-    int device_slot = -1;   // >= 0: AllReduce this device slot instead of data
+    int slot = -1;          // >= 0: AllReduce this gradient slot instead of data
     bool done = false;
   };
   struct Slot {
-    std::vector<float> buffer;  // num_params gradient floats, then the local loss (host slots)
-    std::unique_ptr<transport::MemoryRegion> region;  // buffer, registered with the transport
     Job job;
     int64_t step = -1;
     bool busy = false;  // submitted and not yet applied or released
@@ -280,8 +232,6 @@ class Trainer {
   void Finish(int64_t s, bool apply);
   // Records the losses of finished AllReduces (REQUIRES: mu_ held).
   void HarvestLosses();
-  // The averaged loss of a slot whose AllReduce has finished.
-  float SlotLoss(int index);
   // Where g[steps_] is computed: params_, or predicted_ holding the weight prediction.
   std::span<const float> GradientPoint();
   // Throws kNumerical when the aggregate in slot `index` (step s) has a non-finite value; the
@@ -289,15 +239,14 @@ class Trainer {
   void CheckAggregate(int index, int64_t s, const char* what, const char* consequence);
 
   collective::Communicator& comm_;
-  // What reduces a host gradient slot: options.reducer, or the ring itself.
-  collective::GradientReducer& gradients_;
   Objective& objective_;
   Optimizer& optimizer_;
   std::span<float> params_;
   TrainerOptions options_;
   const size_t num_params_;
 
-  DeviceGradients* device_ = nullptr;
+  std::unique_ptr<HostGradientSlots> host_slots_;  // where options.gradient_slots is null
+  GradientSlots* store_ = nullptr;  // options.gradient_slots or host_slots_
   std::vector<Slot> slots_;  // K of them; slot t % K holds step t
   int64_t steps_ = 0;
   int64_t applied_ = 0;
