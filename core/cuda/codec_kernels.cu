@@ -82,6 +82,14 @@ __device__ inline float FromHalf16(uint16_t h) {
   return FromBits((subnormal & is_sub) | (normal & ~is_sub) | sign);
 }
 
+// The float32 wire's decode-add: a received raw chunk added into the slot.
+__global__ void AddIntoKernel(float* dst, const float* src, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    dst[i] = __fadd_rn(dst[i], src[i]);
+  }
+}
+
 __global__ void Decode16Kernel(const uint16_t* src, float* dst, size_t n, bool fp16, bool add) {
   GRID_LOOP(i, n) {
     const float v = fp16 ? FromHalf16(src[i]) : FromBits(static_cast<uint32_t>(src[i]) << 16);
@@ -208,6 +216,10 @@ cudaError_t EncodeTrunc16(const float* src, uint16_t* dst, size_t n, bool rne,
 cudaError_t EncodeFp16(const float* src, uint16_t* dst, size_t n, EncodeFlags* flags,
                        cudaStream_t stream) {
   EncodeFp16Kernel<<<Blocks(n), kThreads, 0, stream>>>(src, dst, n, flags);
+  return cudaGetLastError();
+}
+cudaError_t AddInto(float* dst, const float* src, size_t n, cudaStream_t stream) {
+  AddIntoKernel<<<Blocks(n), kThreads, 0, stream>>>(dst, src, n);
   return cudaGetLastError();
 }
 cudaError_t Decode16(const uint16_t* src, float* dst, size_t n, bool fp16, bool add,

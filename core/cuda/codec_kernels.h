@@ -19,6 +19,8 @@ struct EncodeFlags {
 
 // Sets flags->first_bad = UINT64_MAX, saturated = 0.
 cudaError_t ResetFlags(EncodeFlags* flags, cudaStream_t stream);
+// dst[i] += src[i], rounded as the CPU's reduction (no FMA): the float32 wire's decode-add.
+cudaError_t AddInto(float* dst, const float* src, size_t n, cudaStream_t stream);
 // trunc16 (rne: round to nearest even with saturation) of n floats into n uint16.
 cudaError_t EncodeTrunc16(const float* src, uint16_t* dst, size_t n, bool rne,
                           EncodeFlags* flags, cudaStream_t stream);

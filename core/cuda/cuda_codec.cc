@@ -7,13 +7,12 @@
 #include "core/base/check.h"
 #include "core/base/error.h"
 #include "core/cuda/codec_kernels.h"
-#include "layers/cuda/kernels.h"
 
 namespace pipesgd::cuda {
 
 using codec_kernels::EncodeFlags;
 
-CudaCodec::CudaCodec(Context& ctx, const CodecOptions& options)
+CudaCodec::CudaCodec(DeviceContext& ctx, const CodecOptions& options)
     : ctx_(ctx),
       cpu_(MakeCodec(options)),
       flags_(sizeof(EncodeFlags), ctx.device()),
@@ -109,7 +108,7 @@ void CudaCodec::Run(const std::byte* src, float* dst, size_t n, bool add) {
         PSGD_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,
                                   ctx_.stream()));
       } else {
-        PSGD_CUDA(kernels::AddInto(dst, reinterpret_cast<const float*>(src), n, ctx_.stream()));
+        PSGD_CUDA(codec_kernels::AddInto(dst, reinterpret_cast<const float*>(src), n, ctx_.stream()));
       }
       return;
     case CodecKind::kTrunc16:

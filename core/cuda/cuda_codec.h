@@ -18,14 +18,14 @@
 #include <memory>
 
 #include "core/collective/codec.h"
-#include "layers/cuda/device.h"
+#include "core/base/cuda/device.h"
 
 namespace pipesgd::cuda {
 
 class CudaCodec {
  public:
   // Throws as MakeCodec for bad options.
-  CudaCodec(Context& ctx, const CodecOptions& options);
+  CudaCodec(DeviceContext& ctx, const CodecOptions& options);
   ~CudaCodec();
 
   CodecKind kind() const { return cpu_->kind(); }
@@ -41,7 +41,7 @@ class CudaCodec {
  private:
   void Run(const std::byte* src, float* dst, size_t n, bool add);
 
-  Context& ctx_;
+  DeviceContext& ctx_;
   std::unique_ptr<Codec> cpu_;
   DeviceBuffer<std::byte> flags_;  // codec_kernels::EncodeFlags
   PinnedBuffer<std::byte> host_flags_;

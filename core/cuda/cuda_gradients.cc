@@ -9,7 +9,7 @@
 
 namespace pipesgd::cuda {
 
-CudaDeviceGradients::CudaDeviceGradients(Context& ctx, collective::Communicator& comm, int slots,
+CudaDeviceGradients::CudaDeviceGradients(DeviceContext& ctx, collective::Communicator& comm, int slots,
                                          size_t slot_elems,
                                          const collective::StagingOptions& staging)
     : ctx_(ctx),

@@ -16,7 +16,7 @@
 #include "core/collective/staged_allreduce.h"
 #include "core/cuda/cuda_staging.h"
 #include "core/train/trainer.h"
-#include "layers/cuda/device.h"
+#include "core/base/cuda/device.h"
 
 namespace pipesgd::cuda {
 
@@ -26,7 +26,7 @@ class CudaDeviceGradients final : public train::GradientSlots {
   // min(staging.segment_bytes / 4, slot_elems) floats in staging.lanes pinned lanes. comm and
   // ctx must outlive this. Throws what StagedAllReduce's constructor throws (e.g. error
   // feedback on comm) and kUnavailable / kInternal for CUDA failures.
-  CudaDeviceGradients(Context& ctx, collective::Communicator& comm, int slots, size_t slot_elems,
+  CudaDeviceGradients(DeviceContext& ctx, collective::Communicator& comm, int slots, size_t slot_elems,
                       const collective::StagingOptions& staging = {});
   ~CudaDeviceGradients() override;
 
@@ -53,7 +53,7 @@ class CudaDeviceGradients final : public train::GradientSlots {
   void Write(int i, std::span<const float> in) override;
 
  private:
-  Context& ctx_;
+  DeviceContext& ctx_;
   size_t slot_elems_;
   std::vector<DeviceBuffer<float>> slots_;
   std::unique_ptr<CudaStagingCopier> copier_;

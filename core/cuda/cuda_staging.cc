@@ -5,7 +5,7 @@
 
 namespace pipesgd::cuda {
 
-CudaStagingCopier::CudaStagingCopier(Context& ctx, int lanes, size_t segment_elems)
+CudaStagingCopier::CudaStagingCopier(DeviceContext& ctx, int lanes, size_t segment_elems)
     : ctx_(ctx),
       segment_elems_(segment_elems),
       d2h_(ctx.device()),

@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "core/collective/staged_allreduce.h"
-#include "layers/cuda/device.h"
+#include "core/base/cuda/device.h"
 
 namespace pipesgd::cuda {
 
 class CudaStagingCopier final : public collective::StagingCopier {
  public:
-  // `compute` is the stream that produces the device data (Context::stream()).
-  CudaStagingCopier(Context& ctx, int lanes, size_t segment_elems);
+  // `compute` is the stream that produces the device data (DeviceContext::stream()).
+  CudaStagingCopier(DeviceContext& ctx, int lanes, size_t segment_elems);
   ~CudaStagingCopier() override;
 
   int lanes() const override { return static_cast<int>(lanes_.size()); }
@@ -37,7 +37,7 @@ class CudaStagingCopier final : public collective::StagingCopier {
   void WaitAll() override;
 
  private:
-  Context& ctx_;
+  DeviceContext& ctx_;
   size_t segment_elems_;
   std::vector<PinnedBuffer<float>> lanes_;
   Stream d2h_, h2d_;

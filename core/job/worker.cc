@@ -9,7 +9,7 @@
 #include "core/base/error.h"
 #include "core/base/log.h"
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
-#include "layers/cuda/device.h"
+#include "core/base/cuda/device.h"
 #endif
 #include "core/job/job_mode.h"
 

@@ -92,13 +92,6 @@ __global__ void SgdStepKernel(float* w, const float* g, float* buf, size_t n, fl
   }
 }
 
-__global__ void AddIntoKernel(float* dst, const float* src, size_t n) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    dst[i] = __fadd_rn(dst[i], src[i]);
-  }
-}
-
 }  // namespace
 
 cudaError_t ReluForward(const float* x, float* y, size_t n, cudaStream_t stream) {
@@ -130,10 +123,6 @@ cudaError_t SgdStep(float* w, const float* g, float* buf, size_t n, float lr, fl
                     float weight_decay, bool first_step, cudaStream_t stream) {
   SgdStepKernel<<<Blocks(n), kThreads, 0, stream>>>(w, g, buf, n, lr, momentum, weight_decay,
                                                     first_step);
-  return cudaGetLastError();
-}
-cudaError_t AddInto(float* dst, const float* src, size_t n, cudaStream_t stream) {
-  AddIntoKernel<<<Blocks(n), kThreads, 0, stream>>>(dst, src, n);
   return cudaGetLastError();
 }
 

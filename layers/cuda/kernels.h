@@ -35,7 +35,5 @@ cudaError_t SoftmaxCrossEntropy(const float* logits, const uint8_t* labels, size
 // when momentum == 0.
 cudaError_t SgdStep(float* w, const float* g, float* buf, size_t n, float lr, float momentum,
                     float weight_decay, bool first_step, cudaStream_t stream);
-// dst[i] += src[i] (the staged ring's reduction of a received chunk on the GPU).
-cudaError_t AddInto(float* dst, const float* src, size_t n, cudaStream_t stream);
 
 }  // namespace pipesgd::cuda::kernels

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "layers/cuda/device.h"
+#include "core/base/cuda/device.h"
 
 // In a TEST body: GTEST_SKIP()s unless a CUDA device is usable. Initialises the CUDA runtime in
 // this process (tests that fork ranks check in a child instead: see cuda_staging_test.cc).
