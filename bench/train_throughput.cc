@@ -34,8 +34,8 @@
 #include "core/base/rng.h"
 #include "layers/sgd.h"
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
-#include "layers/cuda/cuda_model.h"
-#include "layers/cuda/device.h"
+#include "core/base/cuda/device.h"
+#include "layers/device_model.h"
 #endif
 
 int main(int argc, char** argv) {
@@ -101,17 +101,16 @@ int main(int argc, char** argv) {
     std::string where = layers::BlasDescription();
     const std::string kernels = job::KernelsInUse(job.model());
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
-    std::unique_ptr<cuda::Context> ctx;
-    std::unique_ptr<cuda::CudaModel> gpu_model;
-    std::unique_ptr<cuda::CudaSgd> gpu_sgd;
+    std::unique_ptr<layers::Gpu> gpu_device;
+    std::unique_ptr<layers::DeviceModel> gpu_model;
+    std::unique_ptr<layers::DeviceSgd> gpu_sgd;
     cuda::DeviceBuffer<float> d_params, d_grads, d_x;
     cuda::DeviceBuffer<uint8_t> d_labels;
     if (device_name == "cuda") {
-      ctx = std::make_unique<cuda::Context>(gpu);
+      gpu_device = layers::OpenGpu(gpu);
       const int device = gpu;  // for PSGD_CUDA
-      gpu_model = std::make_unique<cuda::CudaModel>(
-          *ctx, job::BuildCudaLayers(job.model()), batch);
-      gpu_sgd = std::make_unique<cuda::CudaSgd>(*ctx, sgd_options, params.size());
+      gpu_model = job::BuildGpuModel(*gpu_device, job.model(), batch);
+      gpu_sgd = gpu_device->MakeSgd(sgd_options, params.size());
       d_params = cuda::DeviceBuffer<float>(params.size(), gpu);
       d_grads = cuda::DeviceBuffer<float>(params.size(), gpu);
       d_x = cuda::DeviceBuffer<float>(x.size(), gpu);
@@ -131,8 +130,8 @@ int main(int argc, char** argv) {
                                    d_grads.data(), key);
         gpu_sgd->Step(d_params.data(), d_grads.data(), d_params.size());
       };
-      drain = [&] { ctx->Synchronize("the benchmark's last step"); };
-      where = ctx->description();
+      drain = [&] { gpu_device->context().Synchronize("the benchmark's last step"); };
+      where = gpu_device->context().description();
     }
 #else
     if (device_name == "cuda") {

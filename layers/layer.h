@@ -169,4 +169,20 @@ std::unique_ptr<Layer> MakeDropout(const Shape& shape, float p);
 // (C, H, W) -> (C*H*W, 1, 1); the floats are unchanged (already in (c, h, w) order).
 std::unique_ptr<Layer> MakeFlatten(const Shape& in);
 
+// A layer as a model's description gives it, before it is built for the CPU (MakeLayer) or a
+// device (layers/device_model.h): one description, so that both stacks have the same shapes and
+// the same parameter layout.
+struct LayerSpec {
+  enum class Kind { kLinear, kRelu, kConv2d, kMaxPool2d, kDropout, kFlatten };
+  Kind kind = Kind::kRelu;
+  size_t out_features = 0;  // linear
+  size_t out_channels = 0;  // conv2d
+  size_t kernel = 0;        // conv2d, max_pool2d
+  size_t stride = 0;        // conv2d, max_pool2d
+  size_t padding = 0;       // conv2d
+  float p = 0;              // dropout
+};
+// The Make* above for `spec` at input shape `in`; throws what they throw.
+std::unique_ptr<Layer> MakeLayer(const LayerSpec& spec, const Shape& in, CpuKernels kernels);
+
 }  // namespace pipesgd::layers

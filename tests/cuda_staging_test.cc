@@ -114,7 +114,9 @@ std::string TrainOnGpu(const RankContext& ctx, uint64_t segment_bytes) {
   cuda::DeviceParams device_params(gpu, params.size());
   cuda::CudaClassifierTask task(gpu, model, device_params, train, batch, batch, ctx.rank,
                                 ctx.world_size, 3, {0.286f, 0.353f});
-  cuda::CudaSgdOptimizer sgd(gpu, device_params, {0.05f, 0.5f, 0.0f});
+  cuda::CudaSgdOptimizer sgd(gpu, device_params,
+                             std::make_unique<cuda::CudaSgd>(gpu, layers::SgdOptions{0.05f, 0.5f, 0.0f},
+                                                             params.size()));
   auto comm = testing::ConnectRing(ctx, 64 << 10);
   std::unique_ptr<cuda::CudaDeviceGradients> slots;
   train::TrainerOptions options{2, 60};

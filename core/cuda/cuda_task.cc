@@ -2,13 +2,15 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "core/base/check.h"
 #include "core/base/error.h"
 
 namespace pipesgd::cuda {
 
-CudaClassifierTask::CudaClassifierTask(Context& ctx, CudaModel& model, DeviceParams& params,
+CudaClassifierTask::CudaClassifierTask(DeviceContext& ctx, layers::DeviceModel& model,
+                                       DeviceParams& params,
                                        const data::Dataset& train, size_t batch_size,
                                        size_t max_batch, int rank, int world_size, uint64_t seed,
                                        const data::InputScaling& scaling)
@@ -106,9 +108,9 @@ layers::EvalResult CudaClassifierTask::EvaluateShard(std::span<const float> para
   return total;
 }
 
-CudaSgdOptimizer::CudaSgdOptimizer(Context& ctx, DeviceParams& params,
-                                   const layers::SgdOptions& options)
-    : ctx_(ctx), params_(params), sgd_(ctx, options, params.values.size()) {}
+CudaSgdOptimizer::CudaSgdOptimizer(DeviceContext& ctx, DeviceParams& params,
+                                   std::unique_ptr<layers::DeviceSgd> sgd)
+    : ctx_(ctx), params_(params), sgd_(std::move(sgd)) {}
 
 void CudaSgdOptimizer::Apply(std::span<float> params, std::span<const float> grads) {
   const int device = ctx_.device();
@@ -129,7 +131,7 @@ void CudaSgdOptimizer::Step(std::span<float> params, const float* device_grads) 
     PSGD_CUDA(cudaMemcpyAsync(params_.values.data(), params.data(), params.size_bytes(),
                               cudaMemcpyHostToDevice, ctx_.stream()));
   }
-  sgd_.Step(params_.values.data(), device_grads, params.size());
+  sgd_->Step(params_.values.data(), device_grads, params.size());
   PSGD_CUDA(cudaMemcpyAsync(params.data(), params_.values.data(), params.size_bytes(),
                             cudaMemcpyDeviceToHost, ctx_.stream()));
   ctx_.Synchronize("an SGD step");

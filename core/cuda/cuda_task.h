@@ -22,14 +22,14 @@
 
 #include "core/data/dataset.h"
 #include "core/train/trainer.h"
-#include "layers/cuda/cuda_model.h"
-#include "layers/cuda/device.h"
+#include "core/base/cuda/device.h"
+#include "layers/device_model.h"
 
 namespace pipesgd::cuda {
 
 // Device parameters shared by the task and the optimizer, and whether they equal the host copy.
 struct DeviceParams {
-  DeviceParams(Context& ctx, size_t n) : values(n, ctx.device()), grads(n, ctx.device()) {}
+  DeviceParams(DeviceContext& ctx, size_t n) : values(n, ctx.device()), grads(n, ctx.device()) {}
   DeviceBuffer<float> values;
   DeviceBuffer<float> grads;  // this step's gradient, and the reduced one before Apply
   bool current = false;       // values == the trainer's host params
@@ -39,7 +39,7 @@ class CudaClassifierTask : public train::Objective {
  public:
   // As train::ClassifierTask; everything must outlive the task. REQUIRES batch_size <= the
   // model's max batch, model.in_features() == train.features.
-  CudaClassifierTask(Context& ctx, CudaModel& model, DeviceParams& params,
+  CudaClassifierTask(DeviceContext& ctx, layers::DeviceModel& model, DeviceParams& params,
                      const data::Dataset& train, size_t batch_size, size_t max_batch, int rank,
                      int world_size, uint64_t seed, const data::InputScaling& scaling = {});
 
@@ -61,8 +61,8 @@ class CudaClassifierTask : public train::Objective {
   // Copies n samples (already gathered into the pinned buffers) to the device, asynchronously.
   void Upload(size_t n, size_t features);
 
-  Context& ctx_;
-  CudaModel& model_;
+  DeviceContext& ctx_;
+  layers::DeviceModel& model_;
   DeviceParams& params_;
   const data::Dataset& train_;
   size_t batch_size_;
@@ -79,20 +79,22 @@ class CudaClassifierTask : public train::Objective {
 
 class CudaSgdOptimizer : public train::Optimizer {
  public:
-  CudaSgdOptimizer(Context& ctx, DeviceParams& params, const layers::SgdOptions& options);
+  // `sgd`: the layers' SGD on ctx's device (layers::Gpu::MakeSgd).
+  CudaSgdOptimizer(DeviceContext& ctx, DeviceParams& params,
+                   std::unique_ptr<layers::DeviceSgd> sgd);
   // Uploads the reduced gradient, steps on the GPU, mirrors the parameters to the host.
   void Apply(std::span<float> params, std::span<const float> grads) override;
   // Steps on the GPU from the device gradient, mirrors the parameters to the host.
   void ApplyFromDevice(std::span<float> params, const float* device_grads) override;
-  std::vector<float> SaveState() const override { return sgd_.SaveState(); }
-  void LoadState(std::span<const float> state) override { sgd_.LoadState(state); }
+  std::vector<float> SaveState() const override { return sgd_->SaveState(); }
+  void LoadState(std::span<const float> state) override { sgd_->LoadState(state); }
 
  private:
   void Step(std::span<float> params, const float* device_grads);
 
-  Context& ctx_;
+  DeviceContext& ctx_;
   DeviceParams& params_;
-  CudaSgd sgd_;
+  std::unique_ptr<layers::DeviceSgd> sgd_;
 };
 
 }  // namespace pipesgd::cuda

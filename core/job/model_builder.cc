@@ -33,14 +33,14 @@ layers::CpuKernels CpuKernels(const config::Model& spec) {
 }
 
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
-cuda::GpuKernels GpuKernels(const config::Model& spec) {
+layers::GpuKernels GpuKernels(const config::Model& spec) {
   switch (spec.kernels()) {
     case config::Model::CUDNN:
-      return cuda::GpuKernels::kCudnn;
+      return layers::GpuKernels::kCudnn;
     case config::Model::CUBLAS:
-      return cuda::GpuKernels::kCublas;
+      return layers::GpuKernels::kCublas;
     default:  // AUTO; the config loader rejects the CPU names with device CUDA
-      return cuda::DefaultGpuKernels();
+      return layers::DefaultGpuKernels();
   }
 }
 #endif
@@ -54,7 +54,7 @@ bool HasSpatialLayers(const config::Model& spec) {
 std::string KernelsInUse(const config::Model& spec) {
   if (!HasSpatialLayers(spec)) return "none";
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
-  if (spec.device() == config::Model::CUDA) return cuda::ToString(GpuKernels(spec));
+  if (spec.device() == config::Model::CUDA) return layers::ToString(GpuKernels(spec));
 #endif
   return layers::ToString(CpuKernels(spec));
 }
@@ -175,31 +175,43 @@ void FitThreadsToCpuQuota(const config::Model& spec) {
   });
 }
 
+std::vector<layers::LayerSpec> LayerSpecs(const config::Model& spec) {
+  using Kind = layers::LayerSpec::Kind;
+  // The config loader has checked every size is positive.
+  const auto Size = [](int64_t v) { return static_cast<size_t>(v); };
+  std::vector<layers::LayerSpec> specs;
+  for (const auto& layer : spec.layers()) {
+    layers::LayerSpec l;
+    if (layer.has_linear()) {
+      l = {.kind = Kind::kLinear, .out_features = Size(layer.linear().out_features())};
+    } else if (layer.has_relu()) {
+      l = {.kind = Kind::kRelu};
+    } else if (layer.has_conv2d()) {
+      const auto& c = layer.conv2d();
+      l = {.kind = Kind::kConv2d, .out_channels = Size(c.out_channels()),
+           .kernel = Size(c.kernel_size()), .stride = Size(c.stride()), .padding = Size(c.padding())};
+    } else if (layer.has_max_pool2d()) {
+      const auto& m = layer.max_pool2d();
+      l = {.kind = Kind::kMaxPool2d, .kernel = Size(m.kernel_size()),
+           .stride = Size(m.stride() == 0 ? m.kernel_size() : m.stride())};
+    } else if (layer.has_dropout()) {
+      l = {.kind = Kind::kDropout, .p = layer.dropout().p()};
+    } else if (layer.has_flatten()) {
+      l = {.kind = Kind::kFlatten};
+    } else {
+      continue;  // no kind: the config loader rejects it
+    }
+    specs.push_back(l);
+  }
+  return specs;
+}
+
 std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spec) {
   const layers::CpuKernels kernels = CpuKernels(spec);
   std::vector<std::unique_ptr<layers::Layer>> stack;
   layers::Shape shape = InputShape(spec);
-  for (const auto& layer : spec.layers()) {
-    if (layer.has_linear()) {
-      stack.push_back(layers::MakeLinear(shape, layer.linear().out_features()));
-    } else if (layer.has_relu()) {
-      stack.push_back(layers::MakeRelu(shape));
-    } else if (layer.has_conv2d()) {
-      const auto& c = layer.conv2d();
-      stack.push_back(layers::MakeConv2d(shape, c.out_channels(), c.kernel_size(), c.stride(),
-                                         c.padding(), kernels));
-    } else if (layer.has_max_pool2d()) {
-      const auto& m = layer.max_pool2d();
-      stack.push_back(layers::MakeMaxPool2d(shape, m.kernel_size(),
-                                            m.stride() == 0 ? m.kernel_size() : m.stride(),
-                                            kernels));
-    } else if (layer.has_dropout()) {
-      stack.push_back(layers::MakeDropout(shape, layer.dropout().p()));
-    } else if (layer.has_flatten()) {
-      stack.push_back(layers::MakeFlatten(shape));
-    } else {
-      continue;  // no kind: the config loader rejects it
-    }
+  for (const layers::LayerSpec& layer : LayerSpecs(spec)) {
+    stack.push_back(layers::MakeLayer(layer, shape, kernels));
     shape = stack.back()->out_shape();
   }
   // Before the kernels' line, so that it shows the threads the layers will run.
@@ -216,41 +228,19 @@ std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spe
 }
 
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
-std::vector<std::unique_ptr<cuda::CudaLayer>> BuildCudaLayers(const config::Model& spec) {
-  const cuda::GpuKernels kernels = GpuKernels(spec);
+std::unique_ptr<layers::DeviceModel> BuildGpuModel(layers::Gpu& gpu, const config::Model& spec,
+                                                   size_t max_batch) {
+  const layers::GpuKernels kernels = GpuKernels(spec);
   if (HasSpatialLayers(spec)) {
     std::string why_not;
-    const bool cudnn = cuda::CudnnUsable(&why_not);
+    const bool cudnn = layers::CudnnUsable(&why_not);
     PSGD_LOG_INFO("model.kernels = {}: GPU convolutions on {}{}",
-                  config::Model::Kernels_Name(spec.kernels()), cuda::ToString(kernels),
-                  kernels == cuda::GpuKernels::kCublas && !cudnn ? " (no cuDNN: " + why_not + ")"
-                                                                 : "");
+                  config::Model::Kernels_Name(spec.kernels()), layers::ToString(kernels),
+                  kernels == layers::GpuKernels::kCublas && !cudnn ? " (no cuDNN: " + why_not + ")"
+                                                                   : "");
   }
-  std::vector<std::unique_ptr<cuda::CudaLayer>> stack;
-  layers::Shape shape = InputShape(spec);
-  for (const auto& layer : spec.layers()) {
-    if (layer.has_linear()) {
-      stack.push_back(cuda::MakeCudaLinear(shape, layer.linear().out_features()));
-    } else if (layer.has_relu()) {
-      stack.push_back(cuda::MakeCudaRelu(shape));
-    } else if (layer.has_conv2d()) {
-      const auto& c = layer.conv2d();
-      stack.push_back(cuda::MakeCudaConv2d(shape, c.out_channels(), c.kernel_size(), c.stride(),
-                                           c.padding(), kernels));
-    } else if (layer.has_max_pool2d()) {
-      const auto& m = layer.max_pool2d();
-      stack.push_back(cuda::MakeCudaMaxPool2d(shape, m.kernel_size(),
-                                              m.stride() == 0 ? m.kernel_size() : m.stride()));
-    } else if (layer.has_dropout()) {
-      stack.push_back(cuda::MakeCudaDropout(shape, layer.dropout().p()));
-    } else if (layer.has_flatten()) {
-      stack.push_back(cuda::MakeCudaFlatten(shape));
-    } else {
-      continue;
-    }
-    shape = stack.back()->out_shape();
-  }
-  return stack;
+  const std::vector<layers::LayerSpec> specs = LayerSpecs(spec);
+  return gpu.MakeModel(specs, InputShape(spec), max_batch, kernels);
 }
 #endif
 

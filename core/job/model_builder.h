@@ -9,10 +9,8 @@
 
 #include "configs/pipesgd.pb.h"
 #include "core/base/cpu_quota.h"
+#include "layers/device_model.h"
 #include "layers/layer.h"
-#ifdef PIPESGD_HAVE_CUDA_BACKEND
-#include "layers/cuda/cuda_model.h"
-#endif
 
 namespace pipesgd::job {
 
@@ -23,7 +21,7 @@ layers::Shape InputShape(const config::Model& spec);
 layers::CpuKernels CpuKernels(const config::Model& spec);
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
 // model.kernels for the CUDA layers, with AUTO resolved for this build and machine.
-cuda::GpuKernels GpuKernels(const config::Model& spec);
+layers::GpuKernels GpuKernels(const config::Model& spec);
 #endif
 
 // Whether the model has conv2d or max_pool2d layers (what model.kernels applies to).
@@ -69,15 +67,19 @@ std::string ThreadFittingDescription(const std::optional<CpuQuota>& quota,
 // primitives besides must call it too.
 void FitThreadsToCpuQuota(const config::Model& spec);
 
+// The config's layers as the layers describe them, in order.
+std::vector<layers::LayerSpec> LayerSpecs(const config::Model& spec);
+
 // The layers of the config in order, each built for the shape its predecessor outputs (no
 // activation memory yet; layers::Model allocates that). The config loader has checked that the
 // shapes chain; the layer factories check again and throw Error(kInvalidArgument).
 std::vector<std::unique_ptr<layers::Layer>> BuildLayers(const config::Model& spec);
 
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
-// The same stack as BuildLayers with the CUDA twins (layers/cuda/cuda_model.h), for
-// model.device = CUDA: the same shapes and the same parameter layout.
-std::vector<std::unique_ptr<cuda::CudaLayer>> BuildCudaLayers(const config::Model& spec);
+// The same stack as BuildLayers on `gpu`, for model.device = CUDA: the same shapes and the same
+// parameter layout, activations for max_batch samples.
+std::unique_ptr<layers::DeviceModel> BuildGpuModel(layers::Gpu& gpu, const config::Model& spec,
+                                                   size_t max_batch);
 #endif
 
 }  // namespace pipesgd::job

@@ -18,10 +18,10 @@
 #include "core/train/straggler.h"
 #include "core/train/trainer.h"
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
+#include "core/base/cuda/device.h"
 #include "core/cuda/cuda_gradients.h"
 #include "core/cuda/cuda_task.h"
-#include "layers/cuda/cuda_model.h"
-#include "layers/cuda/device.h"
+#include "layers/device_model.h"
 #endif
 #include "core/job/auto_values.h"
 #include "core/job/config.h"
@@ -79,8 +79,8 @@ int GpuIndex(const config::Model& spec, const JobEnv& env) {
 // model.device = CUDA: the same task and optimizer on the GPU (core/cuda/cuda_task.h), the GPU
 // twin of the CPU model (the same layers, the same parameter layout).
 struct GpuParts {
-  std::unique_ptr<cuda::Context> gpu;
-  std::unique_ptr<cuda::CudaModel> model;
+  std::unique_ptr<layers::Gpu> gpu;
+  std::unique_ptr<layers::DeviceModel> model;
   std::unique_ptr<cuda::DeviceParams> params;
   std::unique_ptr<cuda::CudaClassifierTask> task;
 };
@@ -151,7 +151,8 @@ class RingJob : public JobMode {
     sgd_options_ = {train_cfg.learning_rate(), train_cfg.momentum(), train_cfg.weight_decay()};
 #ifdef PIPESGD_HAVE_CUDA_BACKEND
     if (gpu_.gpu) {
-      optimizer_ = std::make_unique<cuda::CudaSgdOptimizer>(*gpu_.gpu, *gpu_.params, sgd_options_);
+      optimizer_ = std::make_unique<cuda::CudaSgdOptimizer>(
+          gpu_.gpu->context(), *gpu_.params, gpu_.gpu->MakeSgd(sgd_options_, params.size()));
     }
 #endif
     if (!optimizer_) optimizer_ = std::make_unique<train::SgdOptimizer>(sgd_options_, params.size());
@@ -254,21 +255,21 @@ class RingJob : public JobMode {
     const JobEnv& env = ctx.env;
     const int index = GpuIndex(job_.model(), env);
     try {
-      gpu_.gpu = std::make_unique<cuda::Context>(index);
+      gpu_.gpu = layers::OpenGpu(index);
     } catch (const Error& e) {
       throw e.Wrap(fmt::format("rank {}: model.device = CUDA (GPU index {} from {})", env.rank,
                                index, job_.model().gpu_index() >= 0 ? "model.gpu_index"
                                                                     : "the local rank"));
     }
-    gpu_.model = std::make_unique<cuda::CudaModel>(*gpu_.gpu, BuildCudaLayers(job_.model()),
-                                                   built_.max_batch);
-    gpu_.params = std::make_unique<cuda::DeviceParams>(*gpu_.gpu, built_.model->num_params());
+    cuda::DeviceContext& device = gpu_.gpu->context();
+    gpu_.model = BuildGpuModel(*gpu_.gpu, job_.model(), built_.max_batch);
+    gpu_.params = std::make_unique<cuda::DeviceParams>(device, built_.model->num_params());
     gpu_.task = std::make_unique<cuda::CudaClassifierTask>(
-        *gpu_.gpu, *gpu_.model, *gpu_.params, ctx.data.train,
+        device, *gpu_.model, *gpu_.params, ctx.data.train,
         static_cast<size_t>(job_.train().batch_size()), built_.max_batch, env.rank,
         env.world_size, job_.train().seed(),
         data::InputScaling{job_.data().input_mean(), job_.data().input_std()});
-    PSGD_LOG_INFO("rank {}: model on {}", env.rank, gpu_.gpu->description());
+    PSGD_LOG_INFO("rank {}: model on {}", env.rank, device.description());
     return gpu_.task.get();
   }
 
@@ -284,8 +285,8 @@ class RingJob : public JobMode {
     const int width = settings_.pipeline_width;
     const size_t n = built_.params.size();
     collective::StagingOptions staging;
-    device_gradients_ = std::make_unique<cuda::CudaDeviceGradients>(*gpu_.gpu, *comm_, width,
-                                                                    n + 1, staging);
+    device_gradients_ = std::make_unique<cuda::CudaDeviceGradients>(gpu_.gpu->context(), *comm_,
+                                                                    width, n + 1, staging);
     options_.gradient_slots = device_gradients_.get();
     if (ctx.lead) {
       PSGD_LOG_INFO("gradients stay on the GPU: {} device slots, staged through {} pinned "

@@ -196,10 +196,15 @@ std::unique_ptr<CudaLayer> MakeCudnnConv2d(const Shape& in, size_t out_channels,
                                            size_t stride, size_t padding);
 #endif
 
+}  // namespace pipesgd::cuda
+
+// Declared in layers/device_model.h: what core/ may ask of the GPU backend.
+namespace pipesgd::layers {
+
 bool CudnnUsable(std::string* why_not) {
 #ifdef PIPESGD_HAVE_CUDNN
   try {
-    (void)Cudnn();
+    (void)cuda::Cudnn();
     return true;
   } catch (const Error& e) {
     if (why_not != nullptr) *why_not = e.what();
@@ -219,7 +224,7 @@ std::string GpuKernelsDescription() {
   std::string why_not;
   if (!CudnnUsable(&why_not)) return "cublas (no cuDNN: " + why_not + ")";
 #ifdef PIPESGD_HAVE_CUDNN
-  const size_t v = Cudnn().get_version();
+  const size_t v = cuda::Cudnn().get_version();
   return fmt::format("cudnn (cuDNN {}.{}.{})", v / 10000, v / 100 % 100, v % 100);
 #else
   return "cublas";
@@ -229,6 +234,10 @@ std::string GpuKernelsDescription() {
 std::string ToString(GpuKernels kernels) {
   return kernels == GpuKernels::kCudnn ? "cudnn" : "cublas";
 }
+
+}  // namespace pipesgd::layers
+
+namespace pipesgd::cuda {
 
 std::unique_ptr<CudaLayer> MakeCudaConv2d(const Shape& in, size_t out_channels, size_t kernel,
                                           size_t stride, size_t padding, GpuKernels kernels) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "layers/cuda/device.h"
+#include "layers/device_model.h"
 #include "layers/model.h"
 #include "layers/sgd.h"
 
@@ -52,21 +53,12 @@ std::unique_ptr<CudaLayer> MakeCudaLinear(const layers::Shape& in, size_t out_fe
 std::unique_ptr<CudaLayer> MakeCudaLinear(size_t in_features, size_t out_features);
 std::unique_ptr<CudaLayer> MakeCudaRelu(const layers::Shape& shape);
 std::unique_ptr<CudaLayer> MakeCudaRelu(size_t features);
-// Which code computes the GPU convolutions.
-enum class GpuKernels {
-  // cuDNN's convolutions (the ones PyTorch's GPU convolutions use), full FP32 (no TF32),
-  // deterministic algorithms chosen by cuDNN's heuristics once per batch size.
-  kCudnn,
-  // im2col + one cuBLAS strided-batched GEMM (the batch's columns in the workspace).
-  kCublas,
-};
-// Whether kCudnn can run here: this build saw cuDNN's headers and libcudnn.so.<major> loads.
-// `why_not` (optional) gets the reason when it cannot. Never throws.
-bool CudnnUsable(std::string* why_not = nullptr);
-GpuKernels DefaultGpuKernels();             // kCudnn where CudnnUsable(), else kCublas
-std::string ToString(GpuKernels kernels);  // "cudnn", "cublas"
-// For `pipesgd info`: "cudnn (cuDNN 9.19.0)" or "cublas (no cuDNN: <why>)".
-std::string GpuKernelsDescription();
+// Which code computes the GPU convolutions, and what is known of cuDNN here (layers/device_model.h).
+using layers::CudnnUsable;
+using layers::DefaultGpuKernels;
+using layers::GpuKernels;
+using layers::GpuKernelsDescription;
+using layers::ToString;
 // Throws Error(kUnavailable) for kCudnn where !CudnnUsable(), with the reason.
 std::unique_ptr<CudaLayer> MakeCudaConv2d(const layers::Shape& in, size_t out_channels,
                                           size_t kernel, size_t stride, size_t padding,
@@ -75,29 +67,32 @@ std::unique_ptr<CudaLayer> MakeCudaMaxPool2d(const layers::Shape& in, size_t ker
                                              size_t stride);
 std::unique_ptr<CudaLayer> MakeCudaDropout(const layers::Shape& shape, float p);
 std::unique_ptr<CudaLayer> MakeCudaFlatten(const layers::Shape& in);
+// The twin of layers::MakeLayer: the Make* above for `spec` at input shape `in`.
+std::unique_ptr<CudaLayer> MakeCudaLayer(const layers::LayerSpec& spec, const layers::Shape& in,
+                                         GpuKernels kernels);
 
-class CudaModel {
+class CudaModel final : public layers::DeviceModel {
  public:
   // As layers::Model: each layer's in_features must equal the previous out_features (Error
   // kInvalidArgument naming both). Allocates activations for max_batch on ctx's device.
   CudaModel(Context& ctx, std::vector<std::unique_ptr<CudaLayer>> layers, size_t max_batch);
 
-  size_t num_params() const { return num_params_; }
+  size_t num_params() const override { return num_params_; }
   layers::Shape in_shape() const;
-  size_t in_features() const { return in_shape().size(); }
+  size_t in_features() const override { return in_shape().size(); }
   size_t num_classes() const;
-  std::string Describe() const;
+  std::string Describe() const override;
 
   // One training forward and backward pass on device x (B, in) and device labels (B):
   // OVERWRITES device grads (num_params) with the gradient of the mean loss; returns the mean
   // loss (this waits for the stream: the loss is needed on the host). `key` seeds the random
   // layers exactly as layers::Model does. REQUIRES 1 <= batch <= max_batch.
   float ForwardBackward(const float* params, const float* x, const uint8_t* labels, size_t batch,
-                        float* grads, const layers::BatchKey& key = {});
+                        float* grads, const layers::BatchKey& key = {}) override;
   // Forward only, evaluation mode: loss sum (double, summed on the host in sample order as the
   // CPU) and correct count. Waits for the stream.
   layers::EvalResult Evaluate(const float* params, const float* x, const uint8_t* labels,
-                              size_t batch);
+                              size_t batch) override;
   // The logits of the last Forward (device, (batch, classes)), for tests.
   const float* logits() const { return acts_.back().data(); }
 
@@ -123,13 +118,13 @@ class CudaModel {
 
 // layers::Sgd on the GPU: the momentum buffer is device memory; Step takes device params and
 // device grads. Bitwise the CPU's update (same expression, no FMA).
-class CudaSgd {
+class CudaSgd final : public layers::DeviceSgd {
  public:
   CudaSgd(Context& ctx, const layers::SgdOptions& options, size_t num_params);
-  void Step(float* params, const float* grads, size_t n);
+  void Step(float* params, const float* grads, size_t n) override;
   // As layers::Sgd (the state is copied through the host; waits for the stream).
-  std::vector<float> SaveState() const;
-  void LoadState(std::span<const float> state);
+  std::vector<float> SaveState() const override;
+  void LoadState(std::span<const float> state) override;
   const layers::SgdOptions& options() const { return options_; }
 
  private:
