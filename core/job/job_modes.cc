@@ -1,20 +1,28 @@
-// The registered modes: one line each. A mode's file defines its ModeInfo (job_mode.h).
-#include <array>
+// The registered modes: one line each in PSGD_MODES. A mode's file defines its ModeInfo
+// (job_mode.h).
+#include <span>
 
 #include "core/base/error.h"
 #include "core/job/job_mode.h"
 
 namespace pipesgd::job {
 
-extern const ModeInfo kRingMode;         // ring_mode.cc
-extern const ModeInfo kPsSyncMode;       // ps_mode.cc
-extern const ModeInfo kPsAsyncMode;      // ps_mode.cc
-extern const ModeInfo kSdpipeMode;       // sdpipe_mode.cc
-extern const ModeInfo kPipelineMode;     // pipeline_mode.cc
+// One line per mode: X(the ModeInfo its file defines).
+#define PSGD_MODES(X) \
+  X(kRingMode)        /* ring_mode.cc */ \
+  X(kPsSyncMode)      /* ps_mode.cc */ \
+  X(kPsAsyncMode)     /* ps_mode.cc */ \
+  X(kSdpipeMode)      /* sdpipe_mode.cc */ \
+  X(kPipelineMode)    /* pipeline_mode.cc */
+
+#define PSGD_DECLARE_MODE(info) extern const ModeInfo info;
+PSGD_MODES(PSGD_DECLARE_MODE)
+#undef PSGD_DECLARE_MODE
 
 namespace {
-const std::array<const ModeInfo*, 5> kModes = {&kRingMode, &kPsSyncMode, &kPsAsyncMode,
-                                               &kSdpipeMode, &kPipelineMode};
+#define PSGD_MODE_ADDRESS(info) &info,
+const ModeInfo* const kModes[] = {PSGD_MODES(PSGD_MODE_ADDRESS)};
+#undef PSGD_MODE_ADDRESS
 }  // namespace
 
 std::span<const ModeInfo* const> RegisteredModes() { return kModes; }
