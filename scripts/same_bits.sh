@@ -8,8 +8,9 @@
 #   git worktree add /tmp/old HEAD~1 && cmake -S /tmp/old -B /tmp/oldbuild -G Ninja \
 #     -DCMAKE_BUILD_TYPE=Release -DPIPESGD_TORCH=OFF && ninja -C /tmp/oldbuild pipesgd
 # The jobs: the MLP at width 2 (the shipped config, whole), width 1 with q8 and error feedback,
-# width 2 with PowerSGD, a run that writes checkpoints, the CNN, PS_SYNC (what is deterministic:
-# PS_ASYNC, SDPIPE and the auto values depend on timing). Exit status 1 if any differs.
+# width 2 with PowerSGD, a run that writes checkpoints (compared byte for byte too), the CNN,
+# PS_SYNC (what is deterministic: PS_ASYNC, SDPIPE and the auto values depend on timing). Exit
+# status 1 if any differs.
 set -uo pipefail
 OLD=$(realpath "${1:?OLD_PIPESGD}"); NEW=$(realpath "${2:?NEW_PIPESGD}")
 cd "$(dirname "$0")/.."
@@ -44,6 +45,15 @@ run mlp_width1_q8_ef "$C/fashion_mnist_mlp.pbtxt" "${short[@]}" --set train.pipe
 run mlp_powersgd4 "$C/fashion_mnist_mlp.pbtxt" "${short[@]}" --set comm.powersgd_rank=4
 run mlp_checkpoints "$C/fashion_mnist_mlp.pbtxt" "${short[@]}" --set checkpoint.dir=CKDIR \
   --set checkpoint.every_steps=20
+# The checkpoints themselves (parameters, optimizer state, pending aggregates, own gradients,
+# residuals), byte for byte.
+if [[ -d $out/ck.old && -d $out/ck.new ]]; then
+  if diff -r -q "$out/ck.old" "$out/ck.new" > /dev/null; then
+    echo "same mlp_checkpoints: $(ls "$out/ck.new" | wc -l) checkpoint files, byte for byte"
+  else
+    echo "DIFFERENT mlp_checkpoints: checkpoint files"; diff -r -q "$out/ck.old" "$out/ck.new"; differ=1
+  fi
+fi
 run cnn "$C/fashion_mnist_cnn.pbtxt" --set train.max_steps=60 --set data.train_limit=15360 \
   --set data.test_limit=1000
 run ps_sync "$C/fashion_mnist_mlp.pbtxt" "${short[@]}" --set train.mode=PS_SYNC
