@@ -171,6 +171,16 @@ TEST(CheckpointFile, KilledWriterNeverLeavesATornNewestCheckpoint) {
       }
       _exit(1);
     }
+    // Whatever ends this round (an assertion included), the writer does not outlive it.
+    struct Reap {
+      pid_t pid;
+      ~Reap() {
+        if (pid <= 0) return;
+        kill(pid, SIGKILL);
+        int ignored = 0;
+        waitpid(pid, &ignored, 0);
+      }
+    } reap{child};
     // Once this round's writer has put a checkpoint in place, kill it: in odd rounds at an
     // arbitrary later moment, in even rounds in the middle of a write. How long a write lasts
     // depends on the machine's disk (a fast one left 0 of 12 arbitrary kills inside a write), so
@@ -204,7 +214,10 @@ TEST(CheckpointFile, KilledWriterNeverLeavesATornNewestCheckpoint) {
       bool stopped_mid_write = false;
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
       while (!stopped_mid_write && std::chrono::steady_clock::now() < deadline) {
-        if (!writing()) continue;
+        if (!writing()) {
+          std::this_thread::yield();  // two cores: let the writer run
+          continue;
+        }
         kill(child, SIGSTOP);
         int stop_status = 0;
         ASSERT_EQ(waitpid(child, &stop_status, WUNTRACED), child);
@@ -216,7 +229,8 @@ TEST(CheckpointFile, KilledWriterNeverLeavesATornNewestCheckpoint) {
     }
     kill(child, SIGKILL);
     int status = 0;
-    waitpid(child, &status, 0);
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    reap.pid = 0;  // reaped
     ASSERT_TRUE(WIFSIGNALED(status));
     if (writing()) ++killed_mid_write;
     auto loaded = LoadLatestCheckpoint(dir.path(), 0);

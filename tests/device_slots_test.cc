@@ -54,9 +54,12 @@ class HostDeviceGradients final : public train::GradientSlots {
     staged_.set_observer([&summary](size_t offset, std::span<const float> values) {
       summary.Add(offset, values);
     });
+    struct Unobserve {  // `summary` ends with this call, however it ends
+      collective::StagedAllReduce& staged;
+      ~Unobserve() { staged.set_observer(nullptr); }
+    } unobserve{staged_};
     collective::GradientReducer& reducer = staged_;
     reducer.AllReduce(slots_[i], op, deadline, abort, call);
-    staged_.set_observer(nullptr);
     summaries_[i] = summary.Get();
   }
   collective::WireStats last_wire_stats() const override { return staged_.last_wire_stats(); }

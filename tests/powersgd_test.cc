@@ -244,6 +244,45 @@ TEST(PowerSgd, PipelinedTrainerKeepsReplicasIdenticalAndConverges) {
   EXPECT_LT(worst, 0.1 * start) << "from " << start;
 }
 
+// PowerSGD's residual and warm-start factors are in no snapshot: a trainer whose slots reduce
+// through it refuses to take one, whether it was given the reducer or slots that hold it.
+TEST(PowerSgd, ATrainerThatReducesThroughItTakesNoSnapshot) {
+  auto results = RunRanks(2, [&](const RankContext& ctx) {
+    auto comm = testing::ConnectRing(ctx);
+    RankTarget objective(ctx.rank);
+    train::SgdOptimizer sgd({0.1f, 0.5f, 0.0f}, kCount);
+    std::vector<float> w(kCount, 0.0f);
+    PowerSgd psgd(*comm, kCount + 1, {{kOffset, kRows, kCols}}, PowerSgdOptions{});
+    train::HostGradientSlots slots(*comm, psgd, 2, kCount + 1);
+    std::string errors;
+    for (const bool given_slots : {false, true}) {
+      train::TrainerOptions topt{2, 30};
+      if (given_slots) {
+        topt.gradient_slots = &slots;
+      } else {
+        topt.reducer = &psgd;
+      }
+      train::Trainer trainer(*comm, objective, sgd, w, topt);
+      for (int t = 0; t < 3; ++t) trainer.Step();
+      try {
+        (void)trainer.Snapshot();
+        errors += "no error;";
+      } catch (const Error& e) {
+        errors += std::string(e.what()).find("checkpoints with a gradient reducer") !=
+                          std::string::npos
+                      ? "refused;"
+                      : std::string(e.what()) + ";";
+      }
+      trainer.Drain(true);
+    }
+    return errors;
+  });
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_EQ(results[k].exit_code, 0) << results[k].error;
+    EXPECT_EQ(results[k].output, "refused;refused;") << k;
+  }
+}
+
 TEST(PowerSgd, BadLayoutsAndRanksAreNamed) {
   auto results = RunRanks(1, [&](const RankContext& ctx) -> std::string {
     auto comm = testing::ConnectRing(ctx);

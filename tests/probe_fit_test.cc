@@ -169,6 +169,28 @@ TEST(ProbeFit, MeasurementsThatDoNotFitAreNamed) {
   fewer.mutable_codec()->RemoveLast();
   EXPECT_NE(ErrorOf({Rank(0), Rank(1), fewer}).find("rank 2 timed 3 AllReduces and 1 codecs"),
             std::string::npos);
+  // What is read by position is checked first: a corrupt or foreign rank's list is refused by
+  // name, never read past its end.
+  probe::RankProbe short_codec = Rank(1);
+  short_codec.mutable_codec(1)->mutable_timed()->RemoveLast();
+  EXPECT_NE(ErrorOf({Rank(0), short_codec, Rank(2)})
+                .find("rank 1 timed 1 sign1 AllReduce, rank 0 2"),
+            std::string::npos)
+      << ErrorOf({Rank(0), short_codec, Rank(2)});
+  probe::RankProbe other_chunk = Rank(2);
+  other_chunk.mutable_codec(0)->mutable_timed(1)->set_chunk_bytes(4096);
+  EXPECT_NE(ErrorOf({Rank(0), Rank(1), other_chunk})
+                .find("rank 2 timed its q8 AllReduce 1 at 4096 B, rank 0 at 16777216 B"),
+            std::string::npos);
+  probe::RankProbe renamed = Rank(1);
+  renamed.mutable_codec(0)->set_codec("q4");
+  EXPECT_NE(ErrorOf({Rank(0), renamed, Rank(2)}).find("rank 1's codec 0 is q4 (alone: q8), rank 0's q8"),
+            std::string::npos);
+  probe::RankProbe no_alone = Rank(0);
+  no_alone.mutable_codec_alone()->RemoveLast();
+  EXPECT_NE(ErrorOf({no_alone, Rank(1), Rank(2)})
+                .find("rank 0 timed 2 codecs in the ring and 1 alone"),
+            std::string::npos);
   probe::RankProbe bad_fast = Rank(0);
   bad_fast.set_fast_codec(7);
   EXPECT_NE(ErrorOf({bad_fast, Rank(1), Rank(2)}).find("fast codec 7: expected an index below 2"),

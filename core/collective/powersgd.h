@@ -50,6 +50,7 @@ class PowerSgd final : public GradientReducer {
   void AllReduce(std::span<float> data, ReduceOp op, Deadline deadline,
                  const std::atomic<bool>* abort, const AllReduceOptions& call) override;
   const WireStats& last_wire_stats() const override { return stats_; }
+  bool checkpointable() const override { return false; }
 
   // The matrices it compresses (the others travel as float32), and this rank's residual of
   // each, concatenated (empty before the first compressed call).

@@ -173,6 +173,9 @@ class GradientReducer {
                          const std::atomic<bool>* abort, const AllReduceOptions& call) = 0;
   // What the last AllReduce sent, over all the collectives it took.
   virtual const WireStats& last_wire_stats() const = 0;
+  // False where the reducer keeps state across calls that no checkpoint holds (PowerSGD's
+  // residual and warm-start factors); the ring's error-feedback residuals are checkpointed.
+  virtual bool checkpointable() const { return true; }
 };
 
 struct RingCall;  // one AllReduce call (ring_wire.h)

@@ -69,6 +69,8 @@ class GradientSlots {
   // Blocking copies of the whole of slot i to and from host memory (checkpoints).
   virtual void Read(int i, std::span<float> out) = 0;
   virtual void Write(int i, std::span<const float> in) = 0;
+  // False where reducing keeps state that a checkpoint would not hold (GradientReducer's).
+  virtual bool checkpointable() const { return true; }
 };
 
 // Slots in host memory, registered once with the ring's transport (RDMA transports then move
@@ -91,6 +93,7 @@ class HostGradientSlots final : public GradientSlots {
   void Apply(Optimizer& optimizer, int i, std::span<float> params) override;
   void Read(int i, std::span<float> out) override;
   void Write(int i, std::span<const float> in) override;
+  bool checkpointable() const override { return reducer_.checkpointable(); }
 
  private:
   collective::GradientReducer& reducer_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string>
 
 #include "core/base/error.h"
 #include "core/base/measure.h"
@@ -23,7 +24,26 @@ double MedianOf(const std::vector<RankProbe>& ranks, double (RankProbe::*field)(
   return Median(v);
 }
 
-// The same list of timed chunk sizes on every rank, or a clear error naming the rank.
+// A rank's chunk sizes of a list of timed AllReduces, against the first rank's, or a clear error
+// naming both ranks and the list.
+void CheckTimedAlike(const RankProbe& r, const RankProbe& first,
+                     const google::protobuf::RepeatedPtrField<probe::TimedAllReduce>& mine,
+                     const google::protobuf::RepeatedPtrField<probe::TimedAllReduce>& theirs,
+                     const std::string& what) {
+  if (mine.size() != theirs.size()) {
+    Throw(ErrorCode::kInvalidArgument, "probe: rank {} timed {} {}, rank {} {}", r.rank(),
+          mine.size(), what, first.rank(), theirs.size());
+  }
+  for (int i = 0; i < mine.size(); ++i) {
+    if (mine[i].chunk_bytes() != theirs[i].chunk_bytes()) {
+      Throw(ErrorCode::kInvalidArgument, "probe: rank {} timed its {} {} at {} B, rank {} at {} B",
+            r.rank(), what, i, mine[i].chunk_bytes(), first.rank(), theirs[i].chunk_bytes());
+    }
+  }
+}
+
+// The same AllReduces, chunk sizes and codecs on every rank (each codec also timed alone), or a
+// clear error naming the rank: what a rank sends is read by position only after this.
 void CheckAlike(const std::vector<RankProbe>& ranks) {
   const RankProbe& first = ranks.front();
   for (const auto& r : ranks) {
@@ -33,12 +53,19 @@ void CheckAlike(const std::vector<RankProbe>& ranks) {
             r.allreduce_size(), r.codec_size(), first.rank(), first.allreduce_size(),
             first.codec_size());
     }
-    for (int i = 0; i < r.allreduce_size(); ++i) {
-      if (r.allreduce(i).chunk_bytes() != first.allreduce(i).chunk_bytes()) {
-        Throw(ErrorCode::kInvalidArgument, "probe: rank {} timed its AllReduce {} at {} B, rank {} "
-              "at {} B", r.rank(), i, r.allreduce(i).chunk_bytes(), first.rank(),
-              first.allreduce(i).chunk_bytes());
+    if (r.codec_size() > 0 && r.codec_alone_size() != r.codec_size()) {
+      Throw(ErrorCode::kInvalidArgument,
+            "probe: rank {} timed {} codecs in the ring and {} alone: expected the same ones",
+            r.rank(), r.codec_size(), r.codec_alone_size());
+    }
+    CheckTimedAlike(r, first, r.allreduce(), first.allreduce(), "AllReduce");
+    for (int c = 0; c < r.codec_size(); ++c) {
+      const std::string& name = first.codec(c).codec();
+      if (r.codec(c).codec() != name || r.codec_alone(c).codec() != name) {
+        Throw(ErrorCode::kInvalidArgument, "probe: rank {}'s codec {} is {} (alone: {}), rank {}'s {}",
+              r.rank(), c, r.codec(c).codec(), r.codec_alone(c).codec(), first.rank(), name);
       }
+      CheckTimedAlike(r, first, r.codec(c).timed(), first.codec(c).timed(), name + " AllReduce");
     }
   }
 }

@@ -56,13 +56,14 @@ Trainer::Trainer(collective::Communicator& comm, Objective& objective, Optimizer
   if (store_ != nullptr &&
       (store_->slots() < options.pipeline_width || store_->slot_elems() != num_params_ + 1)) {
     Throw(ErrorCode::kInvalidArgument,
-          "device gradient slots: {} of {} floats; pipeline width {} needs {} of {}",
+          "gradient slots: {} of {} floats; pipeline width {} needs {} of {}",
           store_->slots(), store_->slot_elems(), options.pipeline_width,
           options.pipeline_width, num_params_ + 1);
   }
   if (options.reducer != nullptr && store_ != nullptr) {
     Throw(ErrorCode::kInvalidArgument,
-          "a gradient reducer (PowerSGD) needs host gradient slots, not device ones");
+          "a gradient reducer (PowerSGD) reduces the trainer's own host slots; the gradient slots "
+          "given reduce themselves (give the reducer to them instead)");
   }
   if (options.sync_warmup_steps < 0) {
     Throw(ErrorCode::kInvalidArgument, "synchronous steps {}: expected an integer >= 0",
@@ -314,7 +315,7 @@ WireTotals Trainer::wire_totals() const {
 }
 
 TrainerSnapshot Trainer::Snapshot() {
-  if (options_.reducer != nullptr) {
+  if (!store_->checkpointable()) {
     Throw(ErrorCode::kInvalidArgument,
           "checkpoints with a gradient reducer (comm.powersgd_rank) are not implemented: its "
           "residual and warm-start factors are not saved");
