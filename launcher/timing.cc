@@ -132,38 +132,34 @@ void MeasureCodecsAlone(size_t p, RankProbe& mine) {
   }
 }
 
-// {"4096": seconds, ...}: a rank's timed AllReduces (zeros at kTimedChunks where it timed none:
-// one rank), or the fit's over ranks.
-template <typename Value>
-nlohmann::json ByChunk(const google::protobuf::RepeatedPtrField<::pipesgd::probe::TimedAllReduce>& timed,
-                       Value value) {
-  nlohmann::json j = nlohmann::json::object();
-  if (timed.empty()) {
-    for (uint64_t chunk : kTimedChunks) j[std::to_string(chunk)] = 0.0;
-  }
-  for (const auto& t : timed) j[std::to_string(t.chunk_bytes())] = value(t);
-  return j;
+// A timed AllReduce, a rank's or the fit's over ranks: its chunk size, wall and CPU seconds.
+uint64_t ChunkOf(const ::pipesgd::probe::TimedAllReduce& t) { return t.chunk_bytes(); }
+uint64_t ChunkOf(const train::AllReduceOverRanks& t) { return static_cast<uint64_t>(t.chunk_bytes); }
+double SecondsOf(const ::pipesgd::probe::TimedAllReduce& t, bool cpu) {
+  return cpu ? t.cpu_s() : t.seconds();
 }
-nlohmann::json ByChunk(const std::vector<train::AllReduceOverRanks>& timed,
-                       double train::AllReduceOverRanks::*value) {
+double SecondsOf(const train::AllReduceOverRanks& t, bool cpu) { return cpu ? t.cpu_s : t.seconds; }
+
+// {"4096": seconds, ...} of timed AllReduces (wall or CPU); zeros at kTimedChunks where there are
+// none (one rank).
+template <typename List>
+nlohmann::json ByChunk(const List& timed, bool cpu) {
   nlohmann::json j = nlohmann::json::object();
   if (timed.empty()) {
     for (uint64_t chunk : kTimedChunks) j[std::to_string(chunk)] = 0.0;
   }
-  for (const auto& t : timed) j[std::to_string(static_cast<uint64_t>(t.chunk_bytes))] = t.*value;
+  for (const auto& t : timed) j[std::to_string(ChunkOf(t))] = SecondsOf(t, cpu);
   return j;
 }
 
 nlohmann::json PerRankJson(const RankProbe& v, int world_size) {
-  const auto seconds = [](const auto& t) { return t.seconds(); };
-  const auto cpu_s = [](const auto& t) { return t.cpu_s(); };
   nlohmann::json j = {
       {"rank", v.rank()},
       {"right", (v.rank() + 1) % world_size},
       {"latency_s", v.latency_s()},
       {"bandwidth_Bps", v.bandwidth_bps()},
       {"ring_bandwidth_Bps", v.ring_bandwidth_bps()},
-      {"allreduce_s", ByChunk(v.allreduce(), seconds)},
+      {"allreduce_s", ByChunk(v.allreduce(), /*cpu=*/false)},
       {"chunk_overhead_s", v.chunk_overhead_s()},
       {"compute_s", v.compute_s()},
       {"overlap", {{"compute_s", v.overlap_compute_s()}, {"allreduce_s", v.overlap_allreduce_s()}}},
@@ -187,9 +183,9 @@ nlohmann::json PerRankJson(const RankProbe& v, int world_size) {
                {"overlap_compute_s", v.overlap_compute_cpu_s()},
                {"overlap_allreduce_s", v.overlap_allreduce_cpu_s()},
                {"exchange_s_per_byte", v.exchange_cpu_s_per_byte()},
-               {"allreduce_s", ByChunk(v.allreduce(), cpu_s)}}}};
+               {"allreduce_s", ByChunk(v.allreduce(), /*cpu=*/true)}}}};
   for (const auto& codec : v.codec()) {
-    j["codec_allreduce_s"][codec.codec()] = ByChunk(codec.timed(), seconds);
+    j["codec_allreduce_s"][codec.codec()] = ByChunk(codec.timed(), /*cpu=*/false);
   }
   return j;
 }
@@ -339,8 +335,8 @@ nlohmann::json CodecsJson(const ProbeFit& f) {
       entry["cpu_s_per_byte"] = c.fit.cpu_s_per_byte.value_or(0);
       entry["s_per_chunk"] = c.fit.s_per_chunk;
       entry["cpu_s_per_chunk"] = c.fit.cpu_s_per_chunk;
-      entry["allreduce_s"] = ByChunk(c.timed, &train::AllReduceOverRanks::seconds);
-      entry["allreduce_cpu_s"] = ByChunk(c.timed, &train::AllReduceOverRanks::cpu_s);
+      entry["allreduce_s"] = ByChunk(c.timed, /*cpu=*/false);
+      entry["allreduce_cpu_s"] = ByChunk(c.timed, /*cpu=*/true);
     }
     codecs.push_back(entry);
   }
@@ -396,7 +392,7 @@ nlohmann::json ProbeJson(const ProbeFit& f, const std::vector<RankProbe>& ranks,
                       {"overlap", {{"chunk_bytes", kLargeChunk},
                                    {"compute_s", f.overlap_compute_s},
                                    {"allreduce_s", f.overlap_allreduce_s}}},
-                      {"allreduce_s", ByChunk(f.allreduce, &train::AllReduceOverRanks::seconds)},
+                      {"allreduce_s", ByChunk(f.allreduce, /*cpu=*/false)},
                       {"compute_s", f.compute_s},
                       {"compute_s_spread", {{"min", *std::min_element(c.begin(), c.end())},
                                             {"median", Median(c)},
@@ -415,7 +411,7 @@ nlohmann::json ProbeJson(const ProbeFit& f, const std::vector<RankProbe>& ranks,
                       {"ps_async_step_s", f.ps_async_step_s},
                       {"ps_sync_busy_cpus", f.ps_sync_cpus},
                       {"ps_async_busy_cpus", f.ps_async_cpus},
-                      {"allreduce_cpu_s", ByChunk(f.allreduce, &train::AllReduceOverRanks::cpu_s)},
+                      {"allreduce_cpu_s", ByChunk(f.allreduce, /*cpu=*/true)},
                       {"codecs", CodecsJson(f)}};
   AddStepsJson(f, j);
   nlohmann::json per_rank = nlohmann::json::array();
