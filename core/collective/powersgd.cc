@@ -116,6 +116,18 @@ PowerSgd::PowerSgd(Communicator& comm, uint64_t count, std::vector<Matrix> matri
   for (float& q : q_) q = normal.Next();
 }
 
+void PowerSgd::Restore(std::span<const float> factors, std::span<const float> residual) {
+  if (factors.size() != q_.size() || residual.size() != residual_.size()) {
+    Throw(ErrorCode::kInvalidArgument,
+          "PowerSGD restore: {} factor and {} residual floats; expected {} and {} (rank {}, {} "
+          "compressed matrices): a state of another layout or rank",
+          factors.size(), residual.size(), q_.size(), residual_.size(), options_.rank,
+          compressed_.size());
+  }
+  std::copy(factors.begin(), factors.end(), q_.begin());
+  std::copy(residual.begin(), residual.end(), residual_.begin());
+}
+
 void PowerSgd::Add(const WireStats& s) {
   stats_.chunks_sent += s.chunks_sent;
   stats_.bytes_sent += s.bytes_sent;

@@ -56,6 +56,12 @@ class PowerSgd final : public GradientReducer {
   // each, concatenated (empty before the first compressed call).
   const std::vector<Matrix>& compressed() const { return compressed_; }
   std::span<const float> residual() const { return residual_; }
+  // Q^T of every compressed matrix (r x cols), concatenated: the warm start of the next call.
+  std::span<const float> factors() const { return q_; }
+  // Checkpoint restore: the factors and residual of an instance with the same layout and rank
+  // (the same bits on every rank for the factors). Throws Error(kInvalidArgument) naming the
+  // sizes when either does not fit.
+  void Restore(std::span<const float> factors, std::span<const float> residual);
 
  private:
   void Add(const WireStats& s);

@@ -59,6 +59,10 @@ PYBIND11_MODULE(_torch, m) {
              }
              return out;
            })
+      .def("_hook_state", &ProcessGroupPipesgd::HookState, py::arg("key"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("_restore_hook_state", &ProcessGroupPipesgd::RestoreHookState, py::arg("key"),
+           py::arg("state"), py::call_guard<py::gil_scoped_release>())
       .def("_last_hook_stats", &ProcessGroupPipesgd::last_hook_stats)
       .def("describe", &ProcessGroupPipesgd::Describe);
 

@@ -285,8 +285,11 @@ void ProcessGroupPipesgd::Loop() {
     const auto end = std::chrono::steady_clock::now();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (spans_.size() == kMaxSpans) spans_.pop_front();
-      spans_.push_back({task.type, task.step, Seconds(begin), Seconds(end)});
+      // UNKNOWN: the backend's own bookkeeping (HookState), not a collective for a timeline.
+      if (task.type != OpType::UNKNOWN) {
+        if (spans_.size() == kMaxSpans) spans_.pop_front();
+        spans_.push_back({task.type, task.step, Seconds(begin), Seconds(end)});
+      }
     }
     task.work->Complete(error);
   }
@@ -517,6 +520,7 @@ c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::AllReduceCodec(at::Tensor buck
       b.ring = HookRing(*kind, error_feedback);
       b.codec = codec;
       b.error_feedback = error_feedback;
+      Restore(key, b);
     }
     OnHost(bucket, [&](at::Tensor& host) {
       b.ring->AllReduce({host.data_ptr<float>(), static_cast<size_t>(host.numel())},
@@ -570,6 +574,7 @@ c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::AllReducePowerSgd(
       b.count = count;
       b.matrices = layout;
       b.powersgd_rank = rank;
+      Restore(key, b);
     }
     collective::AllReduceOptions call;
     call.compress = compress;
@@ -581,6 +586,61 @@ c10::intrusive_ptr<WorkBase> ProcessGroupPipesgd::AllReducePowerSgd(
     std::lock_guard<std::mutex> lock(mutex_);
     hook_stats_ = {s.bytes_sent, s.payload_bytes, s.raw_payload_bytes, s.compressed};
   }, std::chrono::milliseconds(-1), step);
+}
+
+std::vector<at::Tensor> ProcessGroupPipesgd::HookState(int64_t key) {
+  auto out = std::make_shared<std::vector<at::Tensor>>();
+  auto copy = [](std::span<const float> v) {
+    at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kFloat);
+    std::copy(v.begin(), v.end(), t.data_ptr<float>());
+    return t;
+  };
+  Enqueue(OpType::UNKNOWN, {}, [this, key, out, copy](Deadline) {
+    const auto it = buckets_.find(key);
+    if (it == buckets_.end()) return;
+    const HookBucket& b = it->second;
+    if (b.powersgd) {
+      *out = {copy(b.powersgd->factors()), copy(b.powersgd->residual())};
+    } else if (b.ring) {
+      *out = {copy(b.ring->residual())};
+    }
+  }, std::chrono::milliseconds(-1))->wait();
+  return *out;
+}
+
+void ProcessGroupPipesgd::RestoreHookState(int64_t key, std::vector<at::Tensor> state) {
+  for (const at::Tensor& t : state) CheckBucket(t, "hook state", getRank());
+  Enqueue(OpType::UNKNOWN, {}, [this, key, state = std::move(state)](Deadline) {
+    buckets_.erase(key);
+    restore_[key] = state;
+  }, std::chrono::milliseconds(-1))->wait();
+}
+
+void ProcessGroupPipesgd::Restore(int64_t key, HookBucket& b) {
+  const auto it = restore_.find(key);
+  if (it == restore_.end()) return;
+  const std::vector<at::Tensor> state = std::move(it->second);
+  restore_.erase(it);
+  auto span = [](const at::Tensor& t) {
+    return std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(t.numel()));
+  };
+  if (b.powersgd) {
+    if (state.size() != 2) {
+      Throw(ErrorCode::kInvalidArgument,
+            "rank {}: hook bucket {}: a saved state of {} tensors for PowerSGD; expected 2 "
+            "(factors, residual)",
+            getRank(), key, state.size());
+    }
+    b.powersgd->Restore(span(state[0]), span(state[1]));
+  } else if (!state.empty()) {
+    if (state.size() != 1 || (!b.error_feedback && state[0].numel() > 0)) {
+      Throw(ErrorCode::kInvalidArgument,
+            "rank {}: hook bucket {}: a saved state of {} tensors ({} floats first) for codec "
+            "{} with error feedback {}; expected one residual, empty without error feedback",
+            getRank(), key, state.size(), state[0].numel(), b.codec, b.error_feedback);
+    }
+    b.ring->RestoreResidual(span(state[0]));
+  }
 }
 
 std::vector<CommSpan> ProcessGroupPipesgd::TakeSpans() {

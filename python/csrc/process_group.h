@@ -109,6 +109,15 @@ class ProcessGroupPipesgd final : public BackendBase {
   c10::intrusive_ptr<WorkBase> AllReducePowerSgd(at::Tensor bucket, int64_t key,
                                                  std::vector<std::vector<int64_t>> matrices,
                                                  int rank, bool compress, int64_t step = -1);
+  // A checkpoint of what bucket `key` carries from call to call: [] before its first call;
+  // a codec's [error-feedback residual] (empty without error feedback); PowerSGD's [Q (the
+  // warm start), residual]. Copies, taken on the communication thread after every call queued
+  // before (blocks until then).
+  std::vector<at::Tensor> HookState(int64_t key);
+  // Hands `state` (from HookState) to bucket `key`: the bucket is made again at its next call
+  // and starts from it. That call throws kInvalidArgument naming the sizes when `state` does
+  // not fit the bucket it makes (another codec, layout or rank).
+  void RestoreHookState(int64_t key, std::vector<at::Tensor> state);
   // What the last codec or PowerSGD call sent (read after its Work completed).
   HookWireStats last_hook_stats() const;
   // The spans of the collectives finished since the last call, oldest first (the newest
@@ -138,6 +147,8 @@ class ProcessGroupPipesgd final : public BackendBase {
     int powersgd_rank = 0;
   };
   HookBucket& Bucket(int64_t key);
+  // Seeds a bucket just made from a RestoreHookState for `key`, if one is waiting.
+  void Restore(int64_t key, HookBucket& b);
   // A ring of its own (its own residual and sequence numbers) on the group's connections.
   std::unique_ptr<collective::Communicator> HookRing(CodecKind codec, bool error_feedback);
 
@@ -146,6 +157,7 @@ class ProcessGroupPipesgd final : public BackendBase {
   collective::CommunicatorOptions ring_options_;
   std::unique_ptr<collective::Communicator> ring_;
   std::map<int64_t, HookBucket> buckets_;  // the communication thread's only
+  std::map<int64_t, std::vector<at::Tensor>> restore_;  // the communication thread's only
   std::string describe_;
 
   mutable std::mutex mutex_;

@@ -160,12 +160,18 @@ def run_replicas(rank, kw, steps):
     return digests, _out(final), opt.applied
 
 
-def run_checkpoint(rank, stop, steps):
+CHECKPOINTS = {"plain": {}, "q4 with error feedback": {"compression": "q4", "error_feedback": True},
+               "PowerSGD": {"powersgd_rank": 2}}
+
+
+def run_checkpoint(rank, stop, steps, kw):
     """An uninterrupted run, and one saved after `stop` steps (its AllReduce in flight) and
-    resumed by a fresh model and optimizer: both end with the same weights?"""
+    resumed by a fresh model and optimizer: both end with the same weights? With a codec or
+    PowerSGD the ring's state (residuals, factors) must come back too. Also: what a state saved
+    with these settings says when loaded into an optimizer with other ones."""
     import torch
     model = _model()
-    opt = _optimizer(model, width=2, sync_warmup_steps=2)
+    opt = _optimizer(model, width=2, sync_warmup_steps=2, **kw)
     _steps(opt, model, rank, 0, stop)
     saved = io.BytesIO()
     torch.save(opt.state_dict(), saved)  # waits for the AllReduce in flight, applies nothing
@@ -174,14 +180,22 @@ def run_checkpoint(rank, stop, steps):
         uninterrupted = _flat(model)
     opt.finish()
     resumed_model = _model(seed=99)  # other weights: the checkpoint must replace them
-    resumed = _optimizer(resumed_model, width=2, sync_warmup_steps=2)
+    resumed = _optimizer(resumed_model, width=2, sync_warmup_steps=2, **kw)
     saved.seek(0)
     resumed.load_state_dict(torch.load(saved))
     _steps(resumed, resumed_model, rank, stop, steps)
     with resumed.true_weights():
         after = _flat(resumed_model)
     resumed.finish()
-    return _out(uninterrupted), _out(after)
+    other = _optimizer(_model(), width=2, sync_warmup_steps=2, compression="q8",
+                       error_feedback=True)
+    saved.seek(0)
+    try:
+        other.load_state_dict(torch.load(saved))
+        refusal = None
+    except ValueError as e:
+        refusal = str(e)
+    return _out(uninterrupted), _out(after), refusal
 
 
 def run_gloo_and_pipesgd(rank, gloo, steps):
@@ -374,7 +388,8 @@ def two_ranks(rank, world):
     gloo = dist.new_group(backend="gloo")
     out = {"recurrence": {c: run_recurrence(rank, RECURRENCE["steps"], RECURRENCE["warmup"], c)
                           for c in ("local_gradient", "momentum", "none")},
-           "checkpoint": run_checkpoint(rank, 6, 11),
+           "checkpoint": {name: run_checkpoint(rank, 6, 11, kw)
+                          for name, kw in CHECKPOINTS.items()},
            "gloo": run_gloo_and_pipesgd(rank, gloo, 8),
            "bad": run_bad_arguments(gloo),
            "frozen": run_frozen(rank),
@@ -443,10 +458,18 @@ class PipelineTest(unittest.TestCase):
 
     def test_checkpoint_with_an_allreduce_in_flight_resumes_bitwise(self):
         got = results(2, self)
-        for rank in range(2):
-            uninterrupted, resumed = got[rank]["checkpoint"]
-            self.assertTrue((uninterrupted == resumed).all(), f"rank {rank}")
-        self.assertTrue((got[0]["checkpoint"][0] == got[1]["checkpoint"][0]).all())
+        for name in CHECKPOINTS:
+            with self.subTest(name):
+                for rank in range(2):
+                    uninterrupted, resumed, refusal = got[rank]["checkpoint"][name]
+                    self.assertTrue((uninterrupted == resumed).all(),
+                                    f"rank {rank}: differs by "
+                                    f"{abs(uninterrupted - resumed).max()}")
+                    if name != "plain":
+                        self.assertIn("saved with compression", refusal)
+                        self.assertIn("this optimizer has 'q8', True, 0", refusal)
+                self.assertTrue((got[0]["checkpoint"][name][0] ==
+                                 got[1]["checkpoint"][name][0]).all())
 
     def test_the_average_over_gloo_is_the_same_bits(self):
         for rank, r in enumerate(results(2, self)):

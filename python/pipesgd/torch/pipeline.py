@@ -217,31 +217,34 @@ class PipelinedOptimizer(torch.optim.Optimizer):
         return h.hexdigest()[:16]
 
     def state_dict(self):
-        """Everything a rank holds between steps, the AllReduce in flight included (waited for,
-        kept as the pending aggregate), so that load_state_dict resumes bitwise. Not included:
-        a codec's error-feedback residuals and PowerSGD's factors, which live in the ring (a
-        resumed run restarts them at zero)."""
-        if self.error_feedback or self.powersgd_rank:
-            warnings.warn("PipelinedOptimizer.state_dict: error-feedback residuals and PowerSGD "
-                          "factors are not saved; a resumed run restarts them at zero")
+        """Everything a rank holds between steps, so that load_state_dict resumes bitwise: the
+        AllReduce in flight (waited for, kept as the pending aggregate), and what the ring
+        carries from step to step for this rank (a codec's error-feedback residual, PowerSGD's
+        factors and residual). Each rank saves its own: the residuals are the rank's."""
         if self._inflight:
             self._pending = self._wait()
-        return {"version": 1, "width": self.width, "steps": self.steps, "applied": self.applied,
+        ring = self._backend._hook_state(self._key) if self._backend is not None else []
+        return {"version": 2, "width": self.width, "steps": self.steps, "applied": self.applied,
+                "compression": self.compression, "error_feedback": self.error_feedback,
+                "powersgd_rank": self.powersgd_rank,
                 "params": self._flat_params(),
                 "true_weights": None if self._true is None else self._true.clone(),
                 "pending": None if self._pending is None else self._pending.clone(),
+                "ring_state": ring,
                 "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state):
         n = self._offsets[-1]
-        if state.get("version") != 1 or state.get("width") != self.width:
-            raise ValueError(f"PipelinedOptimizer.load_state_dict: version {state.get('version')} "
-                             f"width {state.get('width')}; expected version 1 width {self.width}")
+        version = state.get("version")
+        if version not in (1, 2) or state.get("width") != self.width:
+            raise ValueError(f"PipelinedOptimizer.load_state_dict: version {version} width "
+                             f"{state.get('width')}; expected version 1 or 2, width {self.width}")
         for key in ("params", "true_weights", "pending"):
             t = state[key]
             if t is not None and (t.dtype != torch.float32 or t.numel() != n):
                 raise ValueError(f"PipelinedOptimizer.load_state_dict: {key} has "
                                  f"{t.numel()} {t.dtype} values; expected {n} float32")
+        ring = self._ring_state(state, n)
         while self._inflight:
             self._wait()
         self.optimizer.load_state_dict(state["optimizer"])
@@ -249,6 +252,30 @@ class PipelinedOptimizer(torch.optim.Optimizer):
         self._true = None if state["true_weights"] is None else state["true_weights"].clone()
         self._pending = None if state["pending"] is None else state["pending"].clone()
         self.steps, self.applied = int(state["steps"]), int(state["applied"])
+        if self._backend is not None:
+            self._backend._restore_hook_state(self._key, ring)
+
+    def _ring_state(self, state, n):
+        """The saved ring state, checked against this optimizer's compression."""
+        if state["version"] == 1:  # saved before the ring's state was
+            if self.error_feedback or self.powersgd_rank:
+                warnings.warn("PipelinedOptimizer.load_state_dict: a version 1 state holds no "
+                              "error-feedback residuals or PowerSGD factors; they restart at "
+                              "zero")
+            return []
+        saved = tuple(state[k] for k in ("compression", "error_feedback", "powersgd_rank"))
+        mine = (self.compression, self.error_feedback, self.powersgd_rank)
+        if saved != mine:
+            raise ValueError(f"PipelinedOptimizer.load_state_dict: saved with compression "
+                             f"{saved[0]!r}, error_feedback {saved[1]}, powersgd_rank {saved[2]}; "
+                             f"this optimizer has {mine[0]!r}, {mine[1]}, {mine[2]}")
+        ring = list(state["ring_state"])
+        if (len(ring) > 2 or any(t.dtype != torch.float32 or t.dim() != 1 or t.numel() > n
+                                 for t in ring)):
+            raise ValueError(f"PipelinedOptimizer.load_state_dict: ring_state of "
+                             f"{[(t.dtype, tuple(t.shape)) for t in ring]}; expected at most two "
+                             f"1-d float32 tensors of at most {n} values")
+        return ring
 
     # -- the parts -----------------------------------------------------------------------------
     def _layout(self):
