@@ -72,11 +72,11 @@ if [[ "$WHICH" == tsan || "$WHICH" == all ]]; then
       ring_allreduce_test ring_compression_test failure_test transport_conformance_test \
       ps_trainer_test timeline_test staged_allreduce_test sdpipe_test device_slots_test api_test \
       pipeline_p2p_test pipeline_trainer_test powersgd_test failure_relay_test rendezvous_test \
-      autotune_test
+      autotune_test outer_loop_test
   fi
   if testing; then
     UCX_MEM_MMAP_HOOK_MODE=none TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
       ctest --test-dir build-tsan -LE rdma --output-on-failure -j "$jobs" \
-      -R "StaleRecurrence|Divergence|DataParallel|StalenessCompensation|StalenessStability|SyncWarmup|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall|Conformance|PsSync|PsAsync|TimelineTraining|StagedAllReduce|SdpipeService|GroupAveraging|SdpipeTrainer|DeviceSlots|ApiTrainer|PipelineP2p|PipelineTrainer|PowerSgd|FailureRelay|Rendezvous\.|AutoTune"
+      -R "StaleRecurrence|Divergence|DataParallel|StalenessCompensation|StalenessStability|SyncWarmup|RingAllReduce|RingMatrix|RingStreams|CompressedRing|PeerFailure|PeerStall|Conformance|PsSync|PsAsync|TimelineTraining|StagedAllReduce|SdpipeService|GroupAveraging|SdpipeTrainer|DeviceSlots|ApiTrainer|PipelineP2p|PipelineTrainer|PowerSgd|FailureRelay|Rendezvous\.|AutoTune|OuterLoop|OuterRecurrence"
   fi
 fi

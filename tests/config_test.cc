@@ -775,8 +775,15 @@ TEST_F(ConfigTest, EachModeRefusesWhatItDoesNotDeclare) {
   const std::vector<Case> cases = {
       {std::string(kModel) + "train { mode: PS_SYNC }\ncomm { compression: q8 }\n",
        "comm.compression = q8: not supported by train.mode = PS_SYNC (only by train.mode = RING, "
-       "train.mode = SDPIPE, pipeline stages (train.mode = SDPIPE with pipeline.stages > 1)); "
-       "set comm.compression = none"},
+       "train.mode = SDPIPE, pipeline stages (train.mode = SDPIPE with pipeline.stages > 1), "
+       "train.local_steps > 1 (the outer loop)); set comm.compression = none"},
+      {std::string(kModel) + "train { local_steps: 8 }\ncheckpoint { dir: \"/tmp/c\" }\n",
+       "checkpoint.dir = '/tmp/c': not supported by train.local_steps > 1 (the outer loop) (only "
+       "by train.mode = RING)"},
+      {std::string(kModel) + "train { local_steps: 8 mode: PS_SYNC }\n",
+       "train.local_steps = 8: the outer loop runs with train.mode = RING (it is PS_SYNC)"},
+      {std::string(kModel) + "train { local_steps: 8 }\ncomm { chunk_bytes: 0 }\n",
+       "train.local_steps = 8: comm.chunk_bytes = auto is not implemented with the outer loop"},
       {std::string(kModel) + "train { mode: PS_ASYNC }\ncheckpoint { dir: \"/tmp/c\" }\n",
        "checkpoint.dir = '/tmp/c': not supported by train.mode = PS_ASYNC (only by train.mode = "
        "RING); leave checkpoint.dir empty"},
@@ -785,7 +792,8 @@ TEST_F(ConfigTest, EachModeRefusesWhatItDoesNotDeclare) {
        "RING)"},
       {pipeline + "comm { powersgd_rank: 2 }\n",
        "comm.powersgd_rank = 2: not supported by pipeline stages (train.mode = SDPIPE with "
-       "pipeline.stages > 1) (only by train.mode = RING); set comm.powersgd_rank = 0"},
+       "pipeline.stages > 1) (only by train.mode = RING, train.local_steps > 1 (the outer "
+       "loop)); set comm.powersgd_rank = 0"},
   };
   for (const Case& c : cases) {
     EXPECT_THAT(InvalidMessage(c.text), HasSubstr(c.message)) << c.text;
@@ -796,15 +804,20 @@ TEST_F(ConfigTest, EachModeRefusesWhatItDoesNotDeclare) {
                                 {}));
   EXPECT_NO_THROW(
       LoadJobConfig(Write(std::string(kModel) + "checkpoint { dir: \"/tmp/c\" }\n"), {}));
-  // Exactly one registered mode runs each job.
+  // Exactly one registered mode runs each job (the outer loop: RING with local_steps > 1).
   for (const auto mode : {config::RING, config::PS_SYNC, config::PS_ASYNC, config::SDPIPE}) {
     for (const int stages : {1, 2}) {
-      config::Job job;
-      job.mutable_train()->set_mode(mode);
-      job.mutable_pipeline()->set_stages(stages);
-      int selecting = 0;
-      for (const ModeInfo* m : RegisteredModes()) selecting += m->selects(job) ? 1 : 0;
-      EXPECT_EQ(selecting, 1) << config::TrainMode_Name(mode) << " with " << stages << " stages";
+      for (const int local_steps : {1, 8}) {
+        if (local_steps > 1 && mode != config::RING) continue;  // refused above
+        config::Job job;
+        job.mutable_train()->set_mode(mode);
+        job.mutable_train()->set_local_steps(local_steps);
+        job.mutable_pipeline()->set_stages(stages);
+        int selecting = 0;
+        for (const ModeInfo* m : RegisteredModes()) selecting += m->selects(job) ? 1 : 0;
+        EXPECT_EQ(selecting, 1) << config::TrainMode_Name(mode) << " with " << stages
+                                << " stages, local_steps " << local_steps;
+      }
     }
   }
 }

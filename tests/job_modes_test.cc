@@ -4,6 +4,7 @@
 // --timeline window of a Pipe-SGD job lies past its synchronous warm-up and shows the overlap.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <map>
@@ -82,6 +83,46 @@ TEST(JobModes, SdpipeRunsExactlyMaxSteps) {
   EXPECT_EQ(steps, (std::vector<int64_t>{10, 20, 23}));  // the epochs' ends, the last step
 }
 
+// The outer loop (train.local_steps = H > 1) in the same skeleton: 23 inner steps of 3 ranks
+// at H = 4, no multiple of H or of the epoch, run exactly, in 6 rounds (the last one cut short
+// at the run's end, so no inner step is lost); the evaluations fall where the plan puts them,
+// and the wire bytes are per inner step (a round's AllReduce over its 4 steps).
+TEST(JobModes, TheOuterLoopRunsExactlyMaxStepsInRounds) {
+  CliTempDir dir;
+  for (const char* overlap : {"0", "1"}) {
+    const std::string out = dir.path(std::string("out") + overlap);
+    const CommandResult r =
+        RunJob(3, kConfig,
+               {"train.batch_size=16", "train.epochs=3", "train.max_steps=23",
+                "data.train_limit=480", "data.test_limit=300", "train.local_steps=4",
+                std::string("train.outer_overlap=") + overlap, "train.sync_warmup_steps=4"},
+               {"--out", out});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("outer loop every 4 steps (NESTEROV lr 0.7 momentum 0.9, "),
+              std::string::npos)
+        << r.out;
+    std::ifstream file(out + "/summary.json");
+    ASSERT_TRUE(file);
+    const auto summary = nlohmann::json::parse(file);
+    EXPECT_EQ(summary.at("steps").get<int64_t>(), 23);
+    EXPECT_EQ(summary.at("details").at("local_steps").get<int64_t>(), 4);
+    EXPECT_EQ(summary.at("details").at("rounds").get<int64_t>(), 6);
+    EXPECT_EQ(summary.at("details").at("outer_overlap").get<int>(), overlap[0] - '0');
+    std::ifstream metrics(out + "/metrics.jsonl");
+    std::vector<int64_t> steps;
+    for (std::string line; std::getline(metrics, line);) {
+      const auto m = nlohmann::json::parse(line);
+      steps.push_back(m.at("step").get<int64_t>());
+      // The MLP's 235,146 parameters and the loss as float32, once per 4 steps, plus headers.
+      const double wire = m.at("wire_bytes_per_step").get<double>();
+      EXPECT_GT(wire, 235147 * 4 * 2.0 * 2 / 3 / 4) << line;
+      EXPECT_LT(wire, 235147 * 4 * 2.0 * 2 / 3 / 4 * 1.01) << line;
+      EXPECT_TRUE(std::isfinite(m.at("test_loss").get<double>())) << line;
+    }
+    EXPECT_EQ(steps, (std::vector<int64_t>{10, 20, 23}));
+  }
+}
+
 // Issue 45: SDPIPE and the pipeline stages trained, then the merge failed ("cannot read
 // ...rank0.json"): only RING and PS wrote a timeline.
 TEST(JobModes, EveryModeWritesATimelineWithSpansOfEachRank) {
@@ -97,6 +138,7 @@ TEST(JobModes, EveryModeWritesATimelineWithSpansOfEachRank) {
       {"PS_ASYNC", 3, kConfig, {"train.mode=PS_ASYNC"}},
       {"SDPIPE", 2, kConfig, {"train.mode=SDPIPE"}},
       {"pipeline", 2, kPipelineConfig, {"sdpipe.min_group=1"}},
+      {"outer loop", 2, kConfig, {"train.local_steps=4", "train.outer_overlap=1"}},
   };
   CliTempDir dir;
   for (const Case& c : cases) {

@@ -108,6 +108,10 @@ const std::unordered_map<const FieldDescriptor*, Rule>& Rules() {
       {Field<Train>(Train::kSyncWarmupStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<Train>(Train::kEvalEveryStepsFieldNumber), IntRange{0, std::nullopt}},
       {Field<Train>(Train::kTargetAccuracyFieldNumber), RealRange{0, true, std::nullopt, 1.0}},
+      {Field<Train>(Train::kLocalStepsFieldNumber), IntRange{1, 100000}},
+      {Field<Train>(Train::kOuterLearningRateFieldNumber), RealRange{0, false, std::nullopt}},
+      {Field<Train>(Train::kOuterMomentumFieldNumber), RealRange{0, true, 1.0}},
+      {Field<Train>(Train::kOuterOverlapFieldNumber), IntRange{0, 1}},
       {Field<Comm>(Comm::kChunkBytesFieldNumber), IntRange{1024, int64_t{1} << 30, 4, "auto"}},
       {Field<Comm>(Comm::kStartTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
       {Field<Comm>(Comm::kTimeoutSFieldNumber), RealRange{0, false, std::nullopt}},
@@ -180,6 +184,7 @@ class Validator {
     CheckCompensation(job);
     CheckPowerSgd(job);
     CheckAutoWidth(job);
+    CheckOuterLoop(job);
     CheckModeSupports(job);
     if (!errors_.empty()) {
       Throw(ErrorCode::kInvalidArgument, "{}", fmt::join(errors_, "\n"));
@@ -460,7 +465,10 @@ class Validator {
   // The auto width times trial steps on scratch copies of the parameters and the optimizer
   // state, which only the CPU RING trainer without a stateful reducer has.
   void CheckAutoWidth(const config::Job& job) {
-    if (job.train().pipeline_width() != 0 || job.train().mode() != config::RING) return;
+    if (job.train().pipeline_width() != 0 || job.train().mode() != config::RING ||
+        job.train().local_steps() > 1) {
+      return;  // the outer loop does not use pipeline_width
+    }
     std::vector<Step> steps{{Field<config::Job>(config::Job::kTrainFieldNumber), -1},
                             {Field<config::Train>(config::Train::kPipelineWidthFieldNumber), -1}};
     const std::string path = PathString(steps);
@@ -473,6 +481,26 @@ class Validator {
       Report(steps, fmt::format("{} = 0 (auto): not implemented with comm.powersgd_rank = {} "
                                 "(the trial steps would move PowerSGD's state); set 1 or 2",
                                 path, job.comm().powersgd_rank()));
+    }
+  }
+
+  // The outer loop (train.local_steps > 1) runs on the RING mode's ring, with set values: the
+  // auto chunk size and streams are measured with the RING trainer's steps.
+  void CheckOuterLoop(const config::Job& job) {
+    const int64_t h = job.train().local_steps();
+    if (h <= 1) return;
+    std::vector<Step> steps{{Field<config::Job>(config::Job::kTrainFieldNumber), -1},
+                            {Field<config::Train>(config::Train::kLocalStepsFieldNumber), -1}};
+    const std::string path = PathString(steps);
+    if (job.train().mode() != config::RING) {
+      Report(steps, fmt::format("{} = {}: the outer loop runs with train.mode = RING (it is {}); "
+                                "set train.local_steps = 1 or train.mode = RING",
+                                path, h, config::TrainMode_Name(job.train().mode())));
+    }
+    if (job.comm().chunk_bytes() == 0 || job.comm().streams() == 0) {
+      Report(steps, fmt::format("{} = {}: comm.{} = auto is not implemented with the outer loop; "
+                                "set a value",
+                                path, h, job.comm().chunk_bytes() == 0 ? "chunk_bytes" : "streams"));
     }
   }
 

@@ -13,7 +13,8 @@ namespace pipesgd::job {
   X(kPsSyncMode)      /* ps_mode.cc */ \
   X(kPsAsyncMode)     /* ps_mode.cc */ \
   X(kSdpipeMode)      /* sdpipe_mode.cc */ \
-  X(kPipelineMode)    /* pipeline_mode.cc */
+  X(kPipelineMode)    /* pipeline_mode.cc */ \
+  X(kOuterMode)       /* outer_mode.cc */
 
 #define PSGD_DECLARE_MODE(info) extern const ModeInfo info;
 PSGD_MODES(PSGD_DECLARE_MODE)

@@ -131,16 +131,8 @@ class RingJob : public JobMode {
             steps};
   }
 
-  // Publish our endpoint, meet the others, connect the ring.
   void Connect(JobContext& ctx) override {
-    const auto& comm_cfg = job_.comm();
-    comm_ = ConnectRing(ctx.env, JobDescription(job_), RingConnectOptions(job_), comm_cfg,
-                        Deadline::After(comm_cfg.start_timeout_s()),
-                        fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
-    if (ctx.lead) {
-      PSGD_LOG_INFO("ring connected: {} ranks over {}", ctx.env.world_size,
-                    comm_->transport().Describe());
-    }
+    comm_ = detail::ConnectJobRing(job_, ctx.env, ctx.lead);
   }
 
   // --resume, then the auto values (0 in the config), before anything records or trains.
@@ -300,17 +292,8 @@ class RingJob : public JobMode {
   // PowerSGD in place of the ring's codec (comm.powersgd_rank; the config checks rule out the
   // GPU, checkpoints and the other modes).
   void StartPowerSgd(JobContext& ctx) {
-    std::vector<collective::PowerSgd::Matrix> matrices;
-    for (const auto& m : built_.model->WeightMatrices()) matrices.push_back({m.offset, m.rows, m.cols});
-    collective::PowerSgdOptions po;
-    po.rank = job_.comm().powersgd_rank();
-    po.seed = static_cast<uint64_t>(job_.train().seed());
-    powersgd_ = std::make_unique<collective::PowerSgd>(*comm_, built_.params.size() + 1, matrices, po);
+    powersgd_ = detail::MakePowerSgd(job_, *built_.model, *comm_, ctx.lead);
     options_.reducer = powersgd_.get();
-    if (ctx.lead) {
-      PSGD_LOG_INFO("PowerSGD rank {}: {} of {} weight matrices travel as low-rank factors",
-                    po.rank, powersgd_->compressed().size(), matrices.size());
-    }
   }
 
   // Every rank writes its own file (the error-feedback residual is per rank); the state is
@@ -381,7 +364,9 @@ const ModeInfo kRingMode{
     "train.mode = RING",
     {.checkpoints = true, .cuda = true, .timeline = true, .compression = true, .powersgd = true},
     // With pipeline stages too: the validator refuses those (they need SDPIPE), by name.
-    [](const config::Job& job) { return job.train().mode() == config::RING; },
+    [](const config::Job& job) {
+      return job.train().mode() == config::RING && job.train().local_steps() <= 1;
+    },
     [](const config::Job& job) -> std::unique_ptr<JobMode> { return std::make_unique<RingJob>(job); }};
 
 }  // namespace pipesgd::job

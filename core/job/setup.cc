@@ -11,7 +11,10 @@
 
 #include "core/base/error.h"
 #include "core/base/log.h"
+#include "core/collective/powersgd.h"
+#include "core/job/auto_values.h"
 #include "core/job/model_builder.h"
+#include "core/job/worker.h"
 #include "core/job/worker_detail.h"
 
 namespace pipesgd::job::detail {
@@ -91,6 +94,35 @@ train::StalenessCompensation CompensationFromConfig(config::StalenessCompensatio
   }
   Throw(ErrorCode::kInvalidArgument, "train.staleness_compensation = {}: unknown",
         static_cast<int>(c));
+}
+
+std::unique_ptr<collective::Communicator> ConnectJobRing(const config::Job& job, const JobEnv& env,
+                                                         bool lead) {
+  const auto& comm_cfg = job.comm();
+  auto comm = ConnectRing(env, JobDescription(job), RingConnectOptions(job), comm_cfg,
+                          Deadline::After(comm_cfg.start_timeout_s()),
+                          fmt::format("comm.start_timeout_s = {} s", comm_cfg.start_timeout_s()));
+  if (lead) {
+    PSGD_LOG_INFO("ring connected: {} ranks over {}", env.world_size, comm->transport().Describe());
+  }
+  return comm;
+}
+
+std::unique_ptr<collective::PowerSgd> MakePowerSgd(const config::Job& job,
+                                                   const layers::Model& model,
+                                                   collective::Communicator& comm, bool lead) {
+  std::vector<collective::PowerSgd::Matrix> matrices;
+  for (const auto& m : model.WeightMatrices()) matrices.push_back({m.offset, m.rows, m.cols});
+  collective::PowerSgdOptions po;
+  po.rank = job.comm().powersgd_rank();
+  po.seed = static_cast<uint64_t>(job.train().seed());
+  auto powersgd =
+      std::make_unique<collective::PowerSgd>(comm, model.num_params() + 1, matrices, po);
+  if (lead) {
+    PSGD_LOG_INFO("PowerSGD rank {}: {} of {} weight matrices travel as low-rank factors",
+                  po.rank, powersgd->compressed().size(), matrices.size());
+  }
+  return powersgd;
 }
 
 train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size) {

@@ -21,6 +21,7 @@
 #include "core/base/error.h"
 #include "core/base/timeline.h"
 #include "core/collective/group_allreduce.h"
+#include "core/collective/powersgd.h"
 #include "core/data/dataset.h"
 #include "core/train/run_loop.h"
 #include "core/train/sdpipe_service.h"
@@ -59,6 +60,15 @@ void WriteFileAtomically(const std::filesystem::path& path, const std::string& c
 ConnectedTransport TransportForEveryone(const JobEnv& env, const config::Job& job,
                                         Deadline start_deadline);
 train::StalenessCompensation CompensationFromConfig(config::StalenessCompensation c);
+// The ring of a RING job (the pipelined trainer or the outer loop): rendezvous, then each rank
+// connected to its neighbours within comm.start_timeout_s; the lead rank logs it.
+std::unique_ptr<collective::Communicator> ConnectJobRing(const config::Job& job, const JobEnv& env,
+                                                         bool lead);
+// comm.powersgd_rank's PowerSGD on `comm`, for gradient slots of the model's parameters and the
+// loss after them; the lead rank logs what it compresses.
+std::unique_ptr<collective::PowerSgd> MakePowerSgd(const config::Job& job,
+                                                   const layers::Model& model,
+                                                   collective::Communicator& comm, bool lead);
 // job.straggler for this job; throws Error(kInvalidArgument) for a rank outside [0, world_size).
 train::StragglerOptions StragglerFromConfig(const config::Job& job, int world_size);
 

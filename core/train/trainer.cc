@@ -185,6 +185,12 @@ std::span<const float> Trainer::GradientPoint() {
   return predicted_;
 }
 
+std::span<const float> Trainer::NextGradientPoint() {
+  const std::span<const float> at = GradientPoint();
+  if (!predicted_.empty() && at.data() == predicted_.data()) predicted_for_ = steps_;
+  return at;
+}
+
 void Trainer::Step() {
   const int64_t t = steps_;
   const int k = options_.pipeline_width;

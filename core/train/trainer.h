@@ -172,6 +172,12 @@ class Trainer {
   // finite; the update is not applied), kDeadlineExceeded, and whatever the AllReduce threw.
   void Step();
 
+  // Where the next Step computes its gradient (w[t], or the prediction of a compensation),
+  // computed now and kept for that Step. For a caller that does a step's work in pieces before
+  // calling Step (the outer loop's inner steps, core/train/outer_loop.h). The span stays valid
+  // and unchanged until that Step.
+  std::span<const float> NextGradientPoint();
+
   // Waits until every submitted AllReduce has finished, so StepLoss() knows every step so far.
   // Pending aggregates stay pending (the pipeline is not disturbed).
   void Sync();

@@ -1,0 +1,255 @@
+// train.local_steps H > 1: the outer loop (local SGD, DiLoCo, and its overlapped form), as a mode
+// of the job skeleton (job_mode.h). Each rank takes H inner steps alone; the round's
+// pseudo-gradient is AllReduced through the ring (with comm's codec, error feedback or PowerSGD)
+// and the outer optimizer applies it. The pieces are the pipelined trainer's, one step per round
+// (core/train/outer_loop.h); docs/outer_loop.md has the recurrences.
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "core/base/log.h"
+#include "core/collective/powersgd.h"
+#include "core/collective/ring_allreduce.h"
+#include "core/job/fault.h"
+#include "core/job/job_mode.h"
+#include "core/job/worker_detail.h"
+#include "core/train/classifier_task.h"
+#include "core/train/outer_loop.h"
+#include "core/train/straggler.h"
+#include "core/train/trainer.h"
+
+namespace pipesgd::job {
+namespace {
+
+int64_t Rounds(int64_t steps, int64_t h) { return (steps + h - 1) / h; }
+
+// The loop's steps are inner steps; the trainer's are rounds. Evaluations see the synchronised
+// weights (the trainer's, the same bits on every rank), never a rank's local ones.
+class OuterLoop : public train::TrainingMode {
+ public:
+  OuterLoop(train::Trainer& trainer, train::LocalRounds& rounds, int64_t h,
+            std::function<layers::EvalResult()> evaluate_shard, int rank)
+      : trainer_(trainer), rounds_(rounds), h_(h), evaluate_shard_(std::move(evaluate_shard)),
+        rank_(rank) {}
+
+  int64_t steps() const override { return steps_; }
+  void Step() override {
+    MaybeInjectFault(rank_, "step", steps_ + 1);
+    if (!in_round_) {
+      rounds_.Begin(trainer_.NextGradientPoint());
+      in_round_ = true;
+    }
+    last_loss_ = rounds_.InnerStep(steps_);
+    ++steps_;
+    if (rounds_.inner_steps() == h_) EndRound();
+  }
+  double LatestLoss() const override { return last_loss_; }
+  // The last evaluation ends a round cut short by the run's end, so no inner step is lost.
+  void PrepareEvaluation(bool last) override {
+    if (!last) {
+      trainer_.Sync();
+      return;
+    }
+    if (in_round_) EndRound();
+    trainer_.Drain(true);
+  }
+  Result Evaluate(int64_t /*from*/) override {
+    const layers::EvalResult local = evaluate_shard_();
+    std::vector<float> sums = {static_cast<float>(local.loss_sum),
+                               static_cast<float>(local.correct),
+                               static_cast<float>(local.count)};
+    trainer_.AllReduce(sums, collective::ReduceOp::kSum);
+    Result r;
+    r.test_accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
+    r.test_loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
+    // The rounds finished since the last evaluation (each one's inner losses, averaged over
+    // its steps and the ranks).
+    double loss_sum = 0;
+    int64_t known = 0;
+    for (int64_t round = eval_round_; round < trainer_.steps(); ++round) {
+      const float loss = trainer_.StepLoss(round);
+      if (loss == loss) {
+        loss_sum += loss;
+        ++known;
+      }
+    }
+    r.train_loss = known > 0 ? loss_sum / static_cast<double>(known)
+                             : std::numeric_limits<double>::quiet_NaN();
+    eval_round_ = trainer_.steps();
+    // Per inner step (a round's AllReduce over its H steps): what the outer loop saves against
+    // averaging every step.
+    const train::WireTotals wire = trainer_.wire_totals();
+    if (wire.steps > wire_.steps) {
+      wire_per_step_ = static_cast<double>(wire.bytes_sent - wire_.bytes_sent) /
+                       static_cast<double>((wire.steps - wire_.steps) * h_);
+    }
+    r.wire_bytes_per_step = wire_per_step_;
+    const uint64_t payload = wire.payload_bytes - wire_.payload_bytes;
+    r.compression_ratio =
+        payload == 0 ? 1.0
+                     : static_cast<double>(wire.raw_payload_bytes - wire_.raw_payload_bytes) /
+                           payload;
+    wire_ = wire;
+    return r;
+  }
+  // Stopped at the target: the rounds in flight are dropped, so the weights kept are the ones
+  // that reached it.
+  void Finish(bool at_target) override {
+    if (at_target) trainer_.Drain(false);
+  }
+
+ private:
+  void EndRound() {
+    trainer_.Step();
+    in_round_ = false;
+  }
+
+  train::Trainer& trainer_;
+  train::LocalRounds& rounds_;
+  int64_t h_;
+  std::function<layers::EvalResult()> evaluate_shard_;
+  int rank_;
+  int64_t steps_ = 0;
+  bool in_round_ = false;
+  double last_loss_ = std::numeric_limits<double>::quiet_NaN();
+  int64_t eval_round_ = 0;
+  train::WireTotals wire_;
+  double wire_per_step_ = 0;
+};
+
+class OuterJob : public JobMode {
+ public:
+  explicit OuterJob(const config::Job& job) : job_(job), h_(job.train().local_steps()) {}
+
+  ModeLayout Layout(const JobEnv& env) const override { return {0, 0, env.world_size, "ranks"}; }
+
+  std::string StartLine(const JobEnv& env) const override {
+    const auto& t = job_.train();
+    return fmt::format(
+        "pipesgd worker: world size {}, outer loop every {} steps ({}{}, {}), comm.transport {}",
+        env.world_size, h_, config::OuterOptimizer_Name(t.outer_optimizer()),
+        t.outer_optimizer() == config::NESTEROV
+            ? fmt::format(" lr {} momentum {}", t.outer_learning_rate(), t.outer_momentum())
+            : "",
+        t.outer_overlap() ? "overlapped, one round late" : "blocking",
+        config::Transport_Name(job_.comm().transport()));
+  }
+
+  ModeModel Build(JobContext& ctx) override {
+    const auto& t = job_.train();
+    const JobEnv& env = ctx.env;
+    const size_t batch = static_cast<size_t>(t.batch_size());
+    built_ = detail::BuildJobModel(job_, 1 + t.outer_overlap());
+    task_ = std::make_unique<train::ClassifierTask>(
+        *built_.model, ctx.data.train, batch, env.rank, env.world_size, t.seed(),
+        data::InputScaling{job_.data().input_mean(), job_.data().input_std()});
+    straggler_ = std::make_unique<train::StragglerObjective>(
+        *task_, detail::StragglerFromConfig(job_, env.world_size), env.rank);
+    const auto steps = static_cast<int64_t>(task_->steps_per_epoch());
+    return {built_.model->Describe(),
+            fmt::format("{} training samples ({} steps per epoch of global batch {}), {} test "
+                        "samples",
+                        ctx.data.train.count, steps, batch * env.world_size, ctx.data.test.count),
+            steps};
+  }
+
+  void Connect(JobContext& ctx) override { comm_ = detail::ConnectJobRing(job_, ctx.env, ctx.lead); }
+
+  int64_t Restore(JobContext& /*ctx*/) override {
+    const auto& t = job_.train();
+    const size_t n = built_.params.size();
+    inner_ = std::make_unique<train::SgdOptimizer>(
+        layers::SgdOptions{t.learning_rate(), t.momentum(), t.weight_decay()}, n);
+    outer_ = std::make_unique<train::OuterOptimizer>(
+        t.outer_optimizer() == config::NESTEROV ? train::OuterKind::kNesterov
+                                                : train::OuterKind::kAverage,
+        t.outer_learning_rate(), t.outer_momentum(), n);
+    rounds_ = std::make_unique<train::LocalRounds>(*straggler_, *inner_);
+    options_.pipeline_width = 1 + t.outer_overlap();
+    options_.timeout_s = job_.comm().timeout_s();
+    options_.compression_warmup_steps = Rounds(job_.comm().warmup_steps(), h_);
+    if (t.outer_overlap()) {
+      options_.compensation = train::StalenessCompensation::kLocalGradient;
+      options_.sync_warmup_steps = Rounds(t.sync_warmup_steps(), h_);
+    }
+    return 0;
+  }
+
+  train::TrainingMode& Start(JobContext& ctx) override {
+    comm_->set_timeline(ctx.recorder.get());
+    task_->set_timeline(ctx.recorder.get());
+    if (job_.comm().powersgd_rank() > 0) {
+      powersgd_ = detail::MakePowerSgd(job_, *built_.model, *comm_, ctx.lead);
+      options_.reducer = powersgd_.get();
+    }
+    trainer_ = std::make_unique<train::Trainer>(*comm_, *rounds_, *outer_, built_.params,
+                                                options_);
+    trainer_->set_timeline(ctx.recorder.get());
+    const JobEnv& env = ctx.env;
+    loop_ = std::make_unique<OuterLoop>(
+        *trainer_, *rounds_, h_,
+        [this, &env, &test = ctx.data.test] {
+          return task_->EvaluateShard(built_.params, test, env.rank, env.world_size);
+        },
+        env.rank);
+    return *loop_;
+  }
+
+  void Abandon() override {
+    if (!trainer_) return;
+    try {
+      trainer_->Drain(false);
+    } catch (...) {
+    }
+  }
+
+  bool ShowsWire() const override { return true; }
+
+  ModeReport Report(const JobContext& ctx) override {
+    const auto& t = job_.train();
+    const train::WireTotals wire = trainer_->wire_totals();
+    return {"RING",
+            ctx.env.world_size,
+            comm_->transport().name(),
+            wire.bytes_sent,
+            {{"local_steps", h_},
+             {"outer_optimizer", config::OuterOptimizer_Name(t.outer_optimizer())},
+             {"outer_learning_rate", t.outer_learning_rate()},
+             {"outer_momentum", t.outer_momentum()},
+             {"outer_overlap", t.outer_overlap()},
+             {"rounds", trainer_->steps()},
+             {"chunk_bytes", comm_->options().chunk_bytes},
+             {"streams", comm_->options().streams},
+             {"compressed_steps", wire.compressed_steps},
+             {"saturated_elements", wire.saturated}}};
+  }
+
+ private:
+  const config::Job& job_;
+  const int64_t h_;
+  // Declared in the order they are made, so each goes before what it uses.
+  detail::JobModel built_;
+  std::unique_ptr<train::ClassifierTask> task_;
+  std::unique_ptr<train::StragglerObjective> straggler_;
+  std::unique_ptr<collective::Communicator> comm_;
+  std::unique_ptr<train::SgdOptimizer> inner_;
+  std::unique_ptr<train::OuterOptimizer> outer_;
+  std::unique_ptr<train::LocalRounds> rounds_;
+  train::TrainerOptions options_;
+  std::unique_ptr<collective::PowerSgd> powersgd_;
+  std::unique_ptr<train::Trainer> trainer_;
+  std::unique_ptr<OuterLoop> loop_;
+};
+
+}  // namespace
+
+extern const ModeInfo kOuterMode;
+const ModeInfo kOuterMode{
+    "train.local_steps > 1 (the outer loop)",
+    {.checkpoints = false, .cuda = false, .timeline = true, .compression = true, .powersgd = true},
+    [](const config::Job& job) {
+      return job.train().mode() == config::RING && job.train().local_steps() > 1;
+    },
+    [](const config::Job& job) -> std::unique_ptr<JobMode> { return std::make_unique<OuterJob>(job); }};
+
+}  // namespace pipesgd::job
