@@ -6,8 +6,8 @@
 # docs/examples against that prefix and runs a 2-rank loopback AllReduce (allreduce_buffers,
 # exact sums) under qemu-user.
 #   scripts/arm64_check.sh            everything: every unit-labelled test + the api tests
-#   scripts/arm64_check.sh --light    the CI subset (build-arm64-light, without the layers,
-#                                     -O1): the installed libraries, api_test (AllReduce exact
+#   scripts/arm64_check.sh --light    the CI subset (build-arm64-light, -O1): the installed
+#                                     libraries, the layers included, api_test (AllReduce exact
 #                                     sums, fp16 on the wire, width-2 training of a callback
 #                                     model) and the 2-rank AllReduce (docs/library.md); no
 #                                     other test binaries are built
@@ -29,23 +29,24 @@ start=$SECONDS
 scripts/arm64_deps.sh
 echo "arm64_check: packages ready after $((SECONDS - start)) s"
 
-# --light (CI) builds its own tree without the layers (api_test and the examples do not use
-# them; the full check covers them) at -O1 (about a third less compile time), and only what
-# `cmake --install` installs plus api_test.
+# --light (CI) builds its own tree at -O1 (about a third less compile time), and only what
+# `cmake --install` installs plus api_test. It is also CI's check of the minimal configuration
+# (TCP + CPU, no UCX, verbs, CUDA or launcher; scripts/minimal_build.sh builds it natively):
+# every library of it, the layers included, compiles and links, here for arm64.
 if [[ $mode == full ]]; then
-  layers=ON build=build-arm64 opt="-O3 -DNDEBUG"
+  build=build-arm64 opt="-O3 -DNDEBUG"
 else
-  layers=OFF build=build-arm64-light opt="-O1 -DNDEBUG"
+  build=build-arm64-light opt="-O1 -DNDEBUG"
 fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="$opt" \
   -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
   -DPIPESGD_WITH_UCX=OFF -DPIPESGD_WITH_IBVERBS=OFF -DPIPESGD_WITH_ONEDNN=OFF -DPIPESGD_CUDA=OFF \
-  -DPIPESGD_BUILD_LAYERS=$layers -DPIPESGD_BUILD_LAUNCHER=OFF -DPIPESGD_BUILD_TESTS=ON > /dev/null
+  -DPIPESGD_BUILD_LAYERS=ON -DPIPESGD_BUILD_LAUNCHER=OFF -DPIPESGD_BUILD_TESTS=ON > /dev/null
 if [[ $mode == full ]]; then
   cmake --build "$build" -j "$jobs"
 else
-  # Every installed library (pipesgd_core is an interface target without the layers).
-  cmake --build "$build" -j "$jobs" --target pipesgd_api pipesgd_data api_test
+  # Every installed library (pipesgd_core links the layers), and api_test.
+  cmake --build "$build" -j "$jobs" --target pipesgd_api pipesgd_core pipesgd_data api_test
 fi
 echo "arm64_check: cross build done after $((SECONDS - start)) s"
 [[ $build_only -eq 1 ]] && exit 0

@@ -54,14 +54,10 @@ class OuterLoop : public train::TrainingMode {
     trainer_.Drain(true);
   }
   Result Evaluate(int64_t /*from*/) override {
-    const layers::EvalResult local = evaluate_shard_();
-    std::vector<float> sums = {static_cast<float>(local.loss_sum),
-                               static_cast<float>(local.correct),
-                               static_cast<float>(local.count)};
-    trainer_.AllReduce(sums, collective::ReduceOp::kSum);
+    const detail::TestSetResult test = detail::SumTestShards(trainer_, evaluate_shard_());
     Result r;
-    r.test_accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
-    r.test_loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
+    r.test_accuracy = test.accuracy;
+    r.test_loss = test.loss;
     // The rounds finished since the last evaluation (each one's inner losses, averaged over
     // its steps and the ranks).
     double loss_sum = 0;
@@ -195,13 +191,7 @@ class OuterJob : public JobMode {
     return *loop_;
   }
 
-  void Abandon() override {
-    if (!trainer_) return;
-    try {
-      trainer_->Drain(false);
-    } catch (...) {
-    }
-  }
+  void Abandon() override { detail::DrainQuietly(trainer_.get()); }
 
   bool ShowsWire() const override { return true; }
 

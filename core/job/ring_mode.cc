@@ -32,14 +32,10 @@
 namespace pipesgd::job {
 
 train::TrainingMode::Result RingMode::Evaluate(int64_t from) {
-  const layers::EvalResult local = evaluate_shard_();
-  std::vector<float> sums = {static_cast<float>(local.loss_sum),
-                             static_cast<float>(local.correct),
-                             static_cast<float>(local.count)};
-  trainer_.AllReduce(sums, collective::ReduceOp::kSum);
+  const detail::TestSetResult test = detail::SumTestShards(trainer_, evaluate_shard_());
   Result r;
-  r.test_accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
-  r.test_loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
+  r.test_accuracy = test.accuracy;
+  r.test_loss = test.loss;
   double loss_sum = 0;
   for (int64_t t = from; t < trainer_.steps(); ++t) loss_sum += trainer_.StepLoss(t);
   r.train_loss = trainer_.steps() > from
@@ -213,15 +209,7 @@ class RingJob : public JobMode {
     return *mode_;
   }
 
-  // Let in-flight collectives finish on every rank before the trainer goes away, so this rank's
-  // failure does not turn into a confusing connection error on its peers.
-  void Abandon() override {
-    if (!trainer_) return;
-    try {
-      trainer_->Drain(false);
-    } catch (...) {
-    }
-  }
+  void Abandon() override { detail::DrainQuietly(trainer_.get()); }
 
   bool ShowsWire() const override { return true; }
 

@@ -108,6 +108,22 @@ std::unique_ptr<collective::Communicator> ConnectJobRing(const config::Job& job,
   return comm;
 }
 
+TestSetResult SumTestShards(train::Trainer& trainer, const layers::EvalResult& local) {
+  std::vector<float> sums = {static_cast<float>(local.loss_sum), static_cast<float>(local.correct),
+                             static_cast<float>(local.count)};
+  trainer.AllReduce(sums, collective::ReduceOp::kSum);
+  if (sums[2] <= 0) return {};
+  return {sums[1] / sums[2], sums[0] / sums[2]};
+}
+
+void DrainQuietly(train::Trainer* trainer) {
+  if (!trainer) return;
+  try {
+    trainer->Drain(false);
+  } catch (...) {
+  }
+}
+
 std::unique_ptr<collective::PowerSgd> MakePowerSgd(const config::Job& job,
                                                    const layers::Model& model,
                                                    collective::Communicator& comm, bool lead) {

@@ -64,6 +64,16 @@ train::StalenessCompensation CompensationFromConfig(config::StalenessCompensatio
 // connected to its neighbours within comm.start_timeout_s; the lead rank logs it.
 std::unique_ptr<collective::Communicator> ConnectJobRing(const config::Job& job, const JobEnv& env,
                                                          bool lead);
+// The test set's accuracy and mean loss over every rank's shard (`local` is this rank's),
+// summed on the trainer's ring: the same numbers on every rank.
+struct TestSetResult {
+  double accuracy = 0;
+  double loss = 0;
+};
+TestSetResult SumTestShards(train::Trainer& trainer, const layers::EvalResult& local);
+// The loop failed: let the trainer's collectives in flight end on every rank before it goes, so
+// this rank's failure does not turn into a confusing connection error on its peers.
+void DrainQuietly(train::Trainer* trainer);
 // comm.powersgd_rank's PowerSGD on `comm`, for gradient slots of the model's parameters and the
 // loss after them; the lead rank logs what it compresses.
 std::unique_ptr<collective::PowerSgd> MakePowerSgd(const config::Job& job,
