@@ -14,7 +14,7 @@ PACKAGES=(
   # arm64 libraries of the minimal build (TCP + CPU; no UCX, verbs, CUDA)
   libprotobuf-dev:arm64 libboost-dev:arm64 libopenblas-dev:arm64
   libspdlog-dev:arm64 libfmt-dev:arm64 zlib1g-dev:arm64 libssl-dev:arm64
-  libgtest-dev:arm64 nlohmann-json3-dev
+  libgtest-dev:arm64 libgmock-dev:arm64 nlohmann-json3-dev
 )
 # Before the check: `dpkg-query` of a :arm64 name and apt both need the architecture known.
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
