@@ -24,10 +24,11 @@
 #   ring_k1_q4, ring_k2_q4         width 1 / 2, q4 (4 bits, a scale per 256) with error feedback
 #   ring_k1_sign1, ring_k2_sign1   width 1 / 2, sign1 (1 bit, scaled sign) with error feedback
 #   ring_k1_psgd4, ring_k2_psgd4   width 1 / 2, PowerSGD rank 4 (comm.powersgd_rank)
-#   outer_hH[_avg][_ov][_q8|_q4|_sign1|_psgd4]   the outer loop (docs/outer_loop.md): local_steps
-#                     H, NESTEROV (DiLoCo's 0.7, 0.9) or avg (AVERAGE), ov (outer_overlap 1),
-#                     a codec with error feedback or PowerSGD rank 4 on the pseudo-gradient;
-#                     e.g. outer_h16, outer_h16_avg_ov_q4
+#   outer_hH[_avg][_ov][_wN][_reset][_q8|_q4|_sign1|_psgd4]   the outer loop (docs/outer_loop.md):
+#                     local_steps H, NESTEROV (DiLoCo's 0.7, 0.9) or avg (AVERAGE), ov
+#                     (outer_overlap 1), wN (N synchronous steps first; default 50), reset (the
+#                     inner momentum from zero each round), a codec with error feedback or
+#                     PowerSGD rank 4 on the pseudo-gradient; e.g. outer_h16, outer_h16_avg_ov_w0_q4
 # Raw outputs go to docs/results/time_to_accuracy/MODEL/RATE/ (metrics.jsonl and summary.json
 # of each scheme, rank 0's log); `report` writes docs/results/time_to_accuracy.md and
 # docs/results/time_to_accuracy_MODEL_RATE.png (test accuracy against wall-clock time).
@@ -139,6 +140,8 @@ run_rate() {
             h[0-9]*) extra+=(--set "train.local_steps=${part#h}") ;;
             avg) extra+=(--set train.outer_optimizer=AVERAGE) ;;
             ov) extra+=(--set train.outer_overlap=1) ;;
+            w[0-9]*) extra+=(--set "train.sync_warmup_steps=${part#w}") ;;
+            reset) extra+=(--set train.reset_inner_momentum=true) ;;
             q8|q4|sign1) extra+=(--set "comm.compression=$part" --set comm.error_feedback=true) ;;
             psgd4) extra+=(--set comm.powersgd_rank=4) ;;
             *) echo "unknown part '$part' of scheme $scheme" >&2; exit 2 ;;

@@ -622,7 +622,9 @@ TEST_F(ConfigTest, OverrideWithUnknownFieldListsTheFields) {
                "--set train.pipeline_widht=1: no field 'pipeline_widht' in pipesgd.config.Train "
                "(fields: batch_size, learning_rate, momentum, weight_decay, epochs, seed, "
                "pipeline_width, max_steps, progress_per_epoch, mode, staleness_compensation, "
-               "sync_warmup_steps, eval_every_steps, target_accuracy)");
+               "sync_warmup_steps, eval_every_steps, target_accuracy, local_steps, "
+               "outer_optimizer, outer_learning_rate, outer_momentum, outer_overlap, "
+               "reset_inner_momentum)");
   EXPECT_STREQ(LoadError(kShipped, {"trian.epochs=1"}).what(),
                "--set trian.epochs=1: no field 'trian' in pipesgd.config.Job "
                "(fields: model, data, train, comm, checkpoint, sdpipe, straggler, pipeline)");
@@ -754,7 +756,7 @@ TEST_F(ConfigTest, PowerSgdNeedsTheCpuRingWithoutACodecOrCheckpoints) {
   EXPECT_THAT(InvalidMessage(std::string(kModel) +
                              "comm { powersgd_rank: 2 }\ntrain { mode: PS_SYNC }\n"),
               HasSubstr("comm.powersgd_rank = 2: not supported by train.mode = PS_SYNC (only by "
-                        "train.mode = RING)"));
+                        "train.mode = RING, train.local_steps > 1 (the outer loop))"));
   EXPECT_THAT(InvalidMessage(std::string(kModel) +
                              "comm { powersgd_rank: 2 }\ncheckpoint { dir: \"/tmp/x\" }\n"),
               HasSubstr("not implemented with checkpoints"));

@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <tuple>
 #include <vector>
 
 #include "core/base/error.h"
@@ -56,8 +55,9 @@ class RankQuadratic : public train::Objective {
 struct Setting {
   OuterKind kind;
   float lr, momentum;
-  int width;           // 1: blocking, 2: overlapped
-  int64_t sync_rounds;  // overlapped only
+  int width;            // 1: blocking, 2: overlapped
+  int64_t sync_rounds;  // the first rounds: blocking, and averaged whatever the kind
+  bool reset = false;   // the inner momentum from zero at each round
 };
 
 // One rank's run: w after each round's trainer step, then after Drain(true).
@@ -65,18 +65,16 @@ std::vector<float> RunOuter(const RankContext& ctx, const Setting& s) {
   auto comm = testing::ConnectRing(ctx);
   RankQuadratic f(ctx.rank);
   train::SgdOptimizer inner({kInnerLr, kInnerMomentum, 0.0f}, kDim);
-  train::OuterOptimizer outer(s.kind, s.lr, s.momentum, kDim);
+  train::OuterOptimizer outer(s.kind, s.lr, s.momentum, kDim, s.sync_rounds);
   train::LocalRounds rounds(f, inner);
   std::vector<float> w = {1.0f, -2.0f, 0.5f};
   train::TrainerOptions options{s.width, 30};
-  if (s.width == 2) {
-    options.compensation = train::StalenessCompensation::kLocalGradient;
-    options.sync_warmup_steps = s.sync_rounds;
-  }
+  options.sync_warmup_steps = s.sync_rounds;
+  if (s.width == 2) options.compensation = train::StalenessCompensation::kLocalGradient;
   train::Trainer trainer(*comm, rounds, outer, w, options);
   std::vector<float> out;
   for (int r = 0; r < kRounds; ++r) {
-    rounds.Begin(trainer.NextGradientPoint());
+    rounds.Begin(trainer.NextGradientPoint(), s.reset);
     for (int i = 0; i < kH; ++i) rounds.InnerStep(r * kH + i);
     trainer.Step();
     out.insert(out.end(), w.begin(), w.end());
@@ -87,27 +85,31 @@ std::vector<float> RunOuter(const RankContext& ctx, const Setting& s) {
 }
 
 // The outer optimizer written out (torch.optim.SGD(nesterov=True) for kNesterov).
+// The first sync_rounds rounds average whatever the kind, and leave Nesterov's state alone.
 struct OuterRef {
   Setting s;
   std::vector<float> buf = std::vector<float>(kDim, 0.0f);
   bool first = true;
-  void Apply(std::vector<float>& w, const std::vector<float>& d, std::vector<float>& b,
-             bool& f) const {
+  int64_t applied = 0;
+  void Apply(std::vector<float>& w, const std::vector<float>& d, std::vector<float>& b, bool& f,
+             int64_t round) const {
+    if (s.kind == OuterKind::kAverage || round < s.sync_rounds) {
+      for (size_t i = 0; i < kDim; ++i) w[i] = w[i] - d[i];
+      return;
+    }
     for (size_t i = 0; i < kDim; ++i) {
-      if (s.kind == OuterKind::kAverage) {
-        w[i] = w[i] - d[i];
-      } else {
-        b[i] = f ? d[i] : s.momentum * b[i] + d[i];
-        w[i] = w[i] - s.lr * (d[i] + s.momentum * b[i]);
-      }
+      b[i] = f ? d[i] : s.momentum * b[i] + d[i];
+      w[i] = w[i] - s.lr * (d[i] + s.momentum * b[i]);
     }
     f = false;
   }
-  void Step(std::vector<float>& w, const std::vector<float>& d) { Apply(w, d, buf, first); }
+  void Step(std::vector<float>& w, const std::vector<float>& d) {
+    Apply(w, d, buf, first, applied++);
+  }
   std::vector<float> Predict(std::vector<float> w, const std::vector<float>& d) const {
     std::vector<float> b = buf;
     bool f = first;
-    Apply(w, d, b, f);
+    Apply(w, d, b, f, applied);
     return w;
   }
 };
@@ -116,7 +118,8 @@ struct OuterRef {
 struct InnerRef {
   std::vector<float> buf = std::vector<float>(kDim, 0.0f);
   bool first = true;
-  std::vector<float> Round(int rank, const std::vector<float>& start) {
+  std::vector<float> Round(int rank, const std::vector<float>& start, bool reset) {
+    if (reset) first = true;  // a fresh torch SGD: its first step sets buf = g
     std::vector<float> x = start;
     for (int i = 0; i < kH; ++i) {
       for (size_t j = 0; j < kDim; ++j) {
@@ -146,8 +149,8 @@ std::vector<float> Reference(const Setting& s) {
   std::vector<float> in_flight;  // the mean pseudo-gradient of the last round, not yet applied
   std::vector<float> out;
   for (int r = 0; r < kRounds; ++r) {
-    const std::vector<float> d0 = inner[0].Round(0, start[0]);
-    const std::vector<float> d1 = inner[1].Round(1, start[1]);
+    const std::vector<float> d0 = inner[0].Round(0, start[0], s.reset);
+    const std::vector<float> d1 = inner[1].Round(1, start[1], s.reset);
     const std::vector<float> mean = Mean(d0, d1);
     if (s.width == 1 || r < s.sync_rounds) {
       outer.Step(w, mean);
@@ -165,12 +168,10 @@ std::vector<float> Reference(const Setting& s) {
   return out;
 }
 
-class OuterRecurrence : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+class OuterRecurrence : public ::testing::TestWithParam<Setting> {};
 
 TEST_P(OuterRecurrence, MatchesItsReferenceToTheLastBit) {
-  const auto [kind, width, sync_rounds] = GetParam();
-  const Setting s{kind == 0 ? OuterKind::kAverage : OuterKind::kNesterov, 0.7f, 0.5f, width,
-                  sync_rounds};
+  const Setting s = GetParam();
   auto results = RunRanks(2, [&](const RankContext& ctx) {
     const std::vector<float> w = RunOuter(ctx, s);
     return testing::PackFloats(w.data(), w.size());
@@ -188,17 +189,23 @@ TEST_P(OuterRecurrence, MatchesItsReferenceToTheLastBit) {
   }
   // The weights move every round but the first pipelined one (it applies nothing).
   for (int r = 1; r < kRounds; ++r) {
-    if (width == 2 && r == sync_rounds) continue;
+    if (s.width == 2 && r == s.sync_rounds) continue;
     EXPECT_NE(std::memcmp(&want[r * kDim], &want[(r - 1) * kDim], kDim * sizeof(float)), 0)
         << "round " << r;
   }
 }
 
-// AVERAGE and NESTEROV; blocking, and overlapped with 0 and 2 synchronous rounds.
-INSTANTIATE_TEST_SUITE_P(KindWidthWarmup, OuterRecurrence,
-                         ::testing::Values(std::make_tuple(0, 1, 0), std::make_tuple(1, 1, 0),
-                                           std::make_tuple(0, 2, 0), std::make_tuple(1, 2, 0),
-                                           std::make_tuple(1, 2, 2)));
+// AVERAGE and NESTEROV; blocking (also after 2 averaged rounds, and with the inner momentum
+// reset each round), and overlapped after 0 and 2 blocking rounds.
+INSTANTIATE_TEST_SUITE_P(
+    KindWidthWarmup, OuterRecurrence,
+    ::testing::Values(Setting{OuterKind::kAverage, 0.7f, 0.5f, 1, 0},
+                      Setting{OuterKind::kNesterov, 0.7f, 0.5f, 1, 0},
+                      Setting{OuterKind::kNesterov, 0.7f, 0.5f, 1, 2},
+                      Setting{OuterKind::kAverage, 0.7f, 0.5f, 1, 0, true},
+                      Setting{OuterKind::kAverage, 0.7f, 0.5f, 2, 0},
+                      Setting{OuterKind::kNesterov, 0.7f, 0.5f, 2, 0},
+                      Setting{OuterKind::kNesterov, 0.7f, 0.5f, 2, 2}));
 
 TEST(OuterLoop, ReplicasAreBitwiseIdenticalOnThreeRanks) {
   for (int width : {1, 2}) {
@@ -229,7 +236,7 @@ TEST(OuterOptimizer, PredictIsApplyToTheBitAndTheStateRoundTrips) {
     b.Apply(continued, d2);
     EXPECT_EQ(std::memcmp(predicted.data(), applied.data(), 2 * sizeof(float)), 0);
     EXPECT_EQ(std::memcmp(continued.data(), applied.data(), 2 * sizeof(float)), 0);
-    EXPECT_EQ(a.SaveState().size(), kind == OuterKind::kNesterov ? 3u : 1u);
+    EXPECT_EQ(a.SaveState().size(), kind == OuterKind::kNesterov ? 4u : 2u);
   }
   // Nesterov by hand: buf = d, w -= lr (d + m d) on the first step.
   train::OuterOptimizer n(OuterKind::kNesterov, 0.5f, 0.5f, 1);
@@ -237,6 +244,14 @@ TEST(OuterOptimizer, PredictIsApplyToTheBitAndTheStateRoundTrips) {
   const std::vector<float> d = {0.25f};
   n.Apply(w, d);
   EXPECT_EQ(w[0], 1.0f - 0.5f * (0.25f + 0.5f * 0.25f));
+  // Two averaged rounds first: w -= d twice, then Nesterov's first step as above.
+  train::OuterOptimizer late(OuterKind::kNesterov, 0.5f, 0.5f, 1, 2);
+  std::vector<float> v = {1.0f};
+  late.Apply(v, d);
+  late.Apply(v, d);
+  EXPECT_EQ(v[0], 0.5f);
+  late.Apply(v, d);
+  EXPECT_EQ(v[0], 0.5f - 0.5f * (0.25f + 0.5f * 0.25f));
   EXPECT_THROW(train::OuterOptimizer(OuterKind::kNesterov, 0.0f, 0.9f, 1), Error);
   EXPECT_THROW(train::OuterOptimizer(OuterKind::kNesterov, 0.7f, 1.0f, 1), Error);
 }

@@ -21,27 +21,39 @@
 namespace pipesgd::job {
 namespace {
 
-int64_t Rounds(int64_t steps, int64_t h) { return (steps + h - 1) / h; }
+// The rounds: W rounds of one step (the synchronous warm-up), then rounds of H steps.
+struct RoundPlan {
+  int64_t h = 1;
+  int64_t warmup = 0;  // W
+  // The rounds that cover the first `steps` inner steps (the last one possibly cut short).
+  int64_t RoundsFor(int64_t steps) const {
+    return steps <= warmup ? steps : warmup + (steps - warmup + h - 1) / h;
+  }
+  // The length of the round that starts at inner step `step`.
+  int64_t LengthAt(int64_t step) const { return step < warmup ? 1 : h; }
+};
 
 // The loop's steps are inner steps; the trainer's are rounds. Evaluations see the synchronised
 // weights (the trainer's, the same bits on every rank), never a rank's local ones.
 class OuterLoop : public train::TrainingMode {
  public:
-  OuterLoop(train::Trainer& trainer, train::LocalRounds& rounds, int64_t h,
+  OuterLoop(train::Trainer& trainer, train::LocalRounds& rounds, RoundPlan plan, bool reset,
             std::function<layers::EvalResult()> evaluate_shard, int rank)
-      : trainer_(trainer), rounds_(rounds), h_(h), evaluate_shard_(std::move(evaluate_shard)),
-        rank_(rank) {}
+      : trainer_(trainer), rounds_(rounds), plan_(plan), reset_(reset),
+        evaluate_shard_(std::move(evaluate_shard)), rank_(rank) {}
 
   int64_t steps() const override { return steps_; }
   void Step() override {
     MaybeInjectFault(rank_, "step", steps_ + 1);
     if (!in_round_) {
-      rounds_.Begin(trainer_.NextGradientPoint());
+      // The warm-up's rounds of one step keep the momentum: averaged, they are synchronous SGD.
+      rounds_.Begin(trainer_.NextGradientPoint(), reset_ && steps_ >= plan_.warmup);
       in_round_ = true;
+      round_length_ = plan_.LengthAt(steps_);
     }
     last_loss_ = rounds_.InnerStep(steps_);
     ++steps_;
-    if (rounds_.inner_steps() == h_) EndRound();
+    if (rounds_.inner_steps() == round_length_) EndRound();
   }
   double LatestLoss() const override { return last_loss_; }
   // The last evaluation ends a round cut short by the run's end, so no inner step is lost.
@@ -72,13 +84,14 @@ class OuterLoop : public train::TrainingMode {
     r.train_loss = known > 0 ? loss_sum / static_cast<double>(known)
                              : std::numeric_limits<double>::quiet_NaN();
     eval_round_ = trainer_.steps();
-    // Per inner step (a round's AllReduce over its H steps): what the outer loop saves against
-    // averaging every step.
+    // Per inner step (the rounds' AllReduces over the steps they cover): what the outer loop
+    // saves against averaging every step. Sync (or Drain) finished every round submitted.
     const train::WireTotals wire = trainer_.wire_totals();
-    if (wire.steps > wire_.steps) {
+    if (round_end_ > wire_step_) {
       wire_per_step_ = static_cast<double>(wire.bytes_sent - wire_.bytes_sent) /
-                       static_cast<double>((wire.steps - wire_.steps) * h_);
+                       static_cast<double>(round_end_ - wire_step_);
     }
+    wire_step_ = round_end_;
     r.wire_bytes_per_step = wire_per_step_;
     const uint64_t payload = wire.payload_bytes - wire_.payload_bytes;
     r.compression_ratio =
@@ -98,11 +111,16 @@ class OuterLoop : public train::TrainingMode {
   void EndRound() {
     trainer_.Step();
     in_round_ = false;
+    round_end_ = steps_;
   }
 
   train::Trainer& trainer_;
   train::LocalRounds& rounds_;
-  int64_t h_;
+  RoundPlan plan_;
+  bool reset_;  // train.reset_inner_momentum
+  int64_t round_length_ = 0;
+  int64_t round_end_ = 0;  // the inner step the last submitted round ended at
+  int64_t wire_step_ = 0;  // round_end_ at the last evaluation
   std::function<layers::EvalResult()> evaluate_shard_;
   int rank_;
   int64_t steps_ = 0;
@@ -115,15 +133,18 @@ class OuterLoop : public train::TrainingMode {
 
 class OuterJob : public JobMode {
  public:
-  explicit OuterJob(const config::Job& job) : job_(job), h_(job.train().local_steps()) {}
+  explicit OuterJob(const config::Job& job)
+      : job_(job), plan_{job.train().local_steps(), job.train().sync_warmup_steps()},
+        h_(plan_.h) {}
 
   ModeLayout Layout(const JobEnv& env) const override { return {0, 0, env.world_size, "ranks"}; }
 
   std::string StartLine(const JobEnv& env) const override {
     const auto& t = job_.train();
     return fmt::format(
-        "pipesgd worker: world size {}, outer loop every {} steps ({}{}, {}), comm.transport {}",
-        env.world_size, h_, config::OuterOptimizer_Name(t.outer_optimizer()),
+        "pipesgd worker: world size {}, outer loop every {} steps after {} synchronous ones "
+        "({}{}, {}), comm.transport {}",
+        env.world_size, h_, plan_.warmup, config::OuterOptimizer_Name(t.outer_optimizer()),
         t.outer_optimizer() == config::NESTEROV
             ? fmt::format(" lr {} momentum {}", t.outer_learning_rate(), t.outer_momentum())
             : "",
@@ -156,17 +177,18 @@ class OuterJob : public JobMode {
     const size_t n = built_.params.size();
     inner_ = std::make_unique<train::SgdOptimizer>(
         layers::SgdOptions{t.learning_rate(), t.momentum(), t.weight_decay()}, n);
+    // The warm-up's rounds of one step average (synchronous SGD), whatever the outer step.
     outer_ = std::make_unique<train::OuterOptimizer>(
         t.outer_optimizer() == config::NESTEROV ? train::OuterKind::kNesterov
                                                 : train::OuterKind::kAverage,
-        t.outer_learning_rate(), t.outer_momentum(), n);
+        t.outer_learning_rate(), t.outer_momentum(), n, plan_.warmup);
     rounds_ = std::make_unique<train::LocalRounds>(*straggler_, *inner_);
     options_.pipeline_width = 1 + t.outer_overlap();
     options_.timeout_s = job_.comm().timeout_s();
-    options_.compression_warmup_steps = Rounds(job_.comm().warmup_steps(), h_);
+    options_.compression_warmup_steps = plan_.RoundsFor(job_.comm().warmup_steps());
     if (t.outer_overlap()) {
       options_.compensation = train::StalenessCompensation::kLocalGradient;
-      options_.sync_warmup_steps = Rounds(t.sync_warmup_steps(), h_);
+      options_.sync_warmup_steps = plan_.warmup;
     }
     return 0;
   }
@@ -183,7 +205,7 @@ class OuterJob : public JobMode {
     trainer_->set_timeline(ctx.recorder.get());
     const JobEnv& env = ctx.env;
     loop_ = std::make_unique<OuterLoop>(
-        *trainer_, *rounds_, h_,
+        *trainer_, *rounds_, plan_, job_.train().reset_inner_momentum(),
         [this, &env, &test = ctx.data.test] {
           return task_->EvaluateShard(built_.params, test, env.rank, env.world_size);
         },
@@ -203,6 +225,8 @@ class OuterJob : public JobMode {
             comm_->transport().name(),
             wire.bytes_sent,
             {{"local_steps", h_},
+             {"sync_warmup_steps", plan_.warmup},
+             {"reset_inner_momentum", t.reset_inner_momentum()},
              {"outer_optimizer", config::OuterOptimizer_Name(t.outer_optimizer())},
              {"outer_learning_rate", t.outer_learning_rate()},
              {"outer_momentum", t.outer_momentum()},
@@ -216,6 +240,7 @@ class OuterJob : public JobMode {
 
  private:
   const config::Job& job_;
+  const RoundPlan plan_;
   const int64_t h_;
   // Declared in the order they are made, so each goes before what it uses.
   detail::JobModel built_;

@@ -20,8 +20,9 @@ inline float Nesterov(float w, float d, float& buf, bool first, float lr, float 
 }  // namespace
 
 OuterOptimizer::OuterOptimizer(OuterKind kind, float learning_rate, float momentum,
-                               size_t num_params)
-    : kind_(kind), lr_(learning_rate), momentum_(momentum), n_(num_params) {
+                               size_t num_params, int64_t average_first)
+    : kind_(kind), lr_(learning_rate), momentum_(momentum), n_(num_params),
+      average_first_(average_first) {
   if (kind_ == OuterKind::kNesterov) {
     if (!(learning_rate > 0) || !std::isfinite(learning_rate)) {
       Throw(ErrorCode::kInvalidArgument, "outer learning rate {}: expected a finite value > 0",
@@ -35,17 +36,21 @@ OuterOptimizer::OuterOptimizer(OuterKind kind, float learning_rate, float moment
   }
 }
 
+void OuterOptimizer::StepOne(std::span<float> w, std::span<const float> d,
+                             std::vector<float>& buf, bool& first, int64_t round) const {
+  PSGD_CHECK_EQ(d.size(), n_);
+  if (kind_ == OuterKind::kAverage || round < average_first_) {
+    for (size_t i = 0; i < n_; ++i) w[i] = w[i] - d[i];
+    return;
+  }
+  for (size_t i = 0; i < n_; ++i) w[i] = Nesterov(w[i], d[i], buf[i], first, lr_, momentum_);
+  first = false;
+}
+
 void OuterOptimizer::Apply(std::span<float> params, std::span<const float> grads) {
   PSGD_CHECK_EQ(params.size(), n_);
-  PSGD_CHECK_EQ(grads.size(), n_);
-  if (kind_ == OuterKind::kAverage) {
-    for (size_t i = 0; i < n_; ++i) params[i] = params[i] - grads[i];
-  } else {
-    for (size_t i = 0; i < n_; ++i) {
-      params[i] = Nesterov(params[i], grads[i], buf_[i], first_, lr_, momentum_);
-    }
-  }
-  first_ = false;
+  StepOne(params, grads, buf_, first_, applied_);
+  ++applied_;
 }
 
 void OuterOptimizer::Predict(std::span<const float> params,
@@ -54,41 +59,35 @@ void OuterOptimizer::Predict(std::span<const float> params,
   PSGD_CHECK_EQ(params.size(), n_);
   PSGD_CHECK_EQ(out.size(), n_);
   std::copy(params.begin(), params.end(), out.begin());
-  if (kind_ == OuterKind::kNesterov) scratch_ = buf_;
+  scratch_ = buf_;
   bool first = first_;
-  for (const std::span<const float>& d : grads) {
-    PSGD_CHECK_EQ(d.size(), n_);
-    if (kind_ == OuterKind::kAverage) {
-      for (size_t i = 0; i < n_; ++i) out[i] = out[i] - d[i];
-    } else {
-      for (size_t i = 0; i < n_; ++i) {
-        out[i] = Nesterov(out[i], d[i], scratch_[i], first, lr_, momentum_);
-      }
-    }
-    first = false;
-  }
+  int64_t round = applied_;
+  for (const std::span<const float>& d : grads) StepOne(out, d, scratch_, first, round++);
 }
 
 std::vector<float> OuterOptimizer::SaveState() const {
-  std::vector<float> state{first_ ? 1.0f : 0.0f};
+  std::vector<float> state{first_ ? 1.0f : 0.0f, static_cast<float>(applied_)};
   state.insert(state.end(), buf_.begin(), buf_.end());
   return state;
 }
 
 void OuterOptimizer::LoadState(std::span<const float> state) {
-  if (state.size() != 1 + buf_.size()) {
+  if (state.size() != 2 + buf_.size()) {
     Throw(ErrorCode::kDataLoss, "outer optimizer state of {} floats; expected {}", state.size(),
-          1 + buf_.size());
+          2 + buf_.size());
   }
   first_ = state[0] != 0.0f;
-  std::copy(state.begin() + 1, state.end(), buf_.begin());
+  applied_ = static_cast<int64_t>(state[1]);
+  std::copy(state.begin() + 2, state.end(), buf_.begin());
 }
 
 LocalRounds::LocalRounds(Objective& inner, Optimizer& optimizer)
-    : inner_(inner), optimizer_(optimizer), x_(inner.num_params()), g_(inner.num_params()) {}
+    : inner_(inner), optimizer_(optimizer), x_(inner.num_params()), g_(inner.num_params()),
+      fresh_(optimizer.SaveState()) {}
 
-void LocalRounds::Begin(std::span<const float> start) {
+void LocalRounds::Begin(std::span<const float> start, bool fresh_optimizer) {
   PSGD_CHECK_EQ(start.size(), x_.size());
+  if (fresh_optimizer) optimizer_.LoadState(fresh_);
   std::copy(start.begin(), start.end(), x_.begin());
   start_ = start.data();
   inner_steps_ = 0;

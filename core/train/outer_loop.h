@@ -33,24 +33,34 @@ enum class OuterKind {
 //   kAverage:  w = w - d
 //   kNesterov: buf = d (first round), buf = momentum * buf + d (later); w = w - lr * (d +
 //              momentum * buf), torch.optim.SGD(nesterov=True, dampening=0)'s arithmetic.
+// The first `average_first` rounds (the synchronous warm-up's rounds of one step) are kAverage
+// whatever the kind, and leave the Nesterov state untouched.
 class OuterOptimizer final : public Optimizer {
  public:
   // Throws Error(kInvalidArgument) naming a learning rate <= 0 or a momentum outside [0, 1).
-  OuterOptimizer(OuterKind kind, float learning_rate, float momentum, size_t num_params);
+  OuterOptimizer(OuterKind kind, float learning_rate, float momentum, size_t num_params,
+                 int64_t average_first = 0);
   void Apply(std::span<float> params, std::span<const float> grads) override;
   void Predict(std::span<const float> params, std::span<const std::span<const float>> grads,
                std::span<float> out) const override;
-  // 1 float (1 before the first step, 0 after), then the momentum buffer (kNesterov only).
+  // 1 float (1 before the first Nesterov step, 0 after), the rounds applied so far, then the
+  // momentum buffer (kNesterov only).
   std::vector<float> SaveState() const override;
   void LoadState(std::span<const float> state) override;
 
  private:
+  // Round `round`'s step on w (one parameter at a time: Apply and Predict share it).
+  void StepOne(std::span<float> w, std::span<const float> d, std::vector<float>& buf, bool& first,
+               int64_t round) const;
+
   OuterKind kind_;
   float lr_;
   float momentum_;
   size_t n_;
+  int64_t average_first_;
   std::vector<float> buf_;
   bool first_ = true;
+  int64_t applied_ = 0;
   mutable std::vector<float> scratch_;  // Predict's buffer for more than one step ahead
 };
 
@@ -61,14 +71,15 @@ class OuterOptimizer final : public Optimizer {
 class LocalRounds final : public Objective {
  public:
   // `inner` computes this rank's gradient of a global inner step; `optimizer` applies it to the
-  // local weights (its state, momentum, carries over from round to round on this rank).
-  // Both must outlive this.
+  // local weights (its state, momentum, carries over from round to round on this rank unless
+  // Begin resets it). Both must outlive this.
   LocalRounds(Objective& inner, Optimizer& optimizer);
 
   size_t num_params() const override { return inner_.num_params(); }
   // Starts a round at `start` (the trainer's NextGradientPoint(), which must stay unchanged
-  // until ComputeGradient).
-  void Begin(std::span<const float> start);
+  // until ComputeGradient); with `fresh_optimizer` the inner optimizer starts the round as it
+  // was made (no momentum).
+  void Begin(std::span<const float> start, bool fresh_optimizer = false);
   // One inner step: this rank's gradient of global inner step `step` at the local weights,
   // applied to them. Returns its loss.
   float InnerStep(int64_t step);
@@ -86,6 +97,7 @@ class LocalRounds final : public Objective {
   Optimizer& optimizer_;
   std::vector<float> x_;      // the local weights
   std::vector<float> g_;      // one inner gradient
+  std::vector<float> fresh_;  // the inner optimizer's state as it was made
   const float* start_ = nullptr;
   int64_t inner_steps_ = 0;
   double loss_sum_ = 0;

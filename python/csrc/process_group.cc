@@ -621,6 +621,7 @@ void ProcessGroupPipesgd::Restore(int64_t key, HookBucket& b) {
   if (it == restore_.end()) return;
   const std::vector<at::Tensor> state = std::move(it->second);
   restore_.erase(it);
+  if (state.empty()) return;  // saved before the bucket's first call: it starts fresh
   auto span = [](const at::Tensor& t) {
     return std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(t.numel()));
   };
@@ -632,7 +633,7 @@ void ProcessGroupPipesgd::Restore(int64_t key, HookBucket& b) {
             getRank(), key, state.size());
     }
     b.powersgd->Restore(span(state[0]), span(state[1]));
-  } else if (!state.empty()) {
+  } else {
     if (state.size() != 1 || (!b.error_feedback && state[0].numel() > 0)) {
       Throw(ErrorCode::kInvalidArgument,
             "rank {}: hook bucket {}: a saved state of {} tensors ({} floats first) for codec "

@@ -187,6 +187,11 @@ def run_checkpoint(rank, stop, steps, kw):
     with resumed.true_weights():
         after = _flat(resumed_model)
     resumed.finish()
+    # A state saved before the first step (the ring has no state yet) loads and trains on.
+    fresh = _optimizer(_model(), width=2, sync_warmup_steps=2, **kw)
+    fresh.load_state_dict(_optimizer(_model(), width=2, sync_warmup_steps=2, **kw).state_dict())
+    _steps(fresh, fresh.model, rank, 0, 3)
+    fresh.finish()
     other = _optimizer(_model(), width=2, sync_warmup_steps=2, compression="q8",
                        error_feedback=True)
     saved.seek(0)
