@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/base/error.h"
@@ -205,7 +206,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Setting{OuterKind::kAverage, 0.7f, 0.5f, 1, 0, true},
                       Setting{OuterKind::kAverage, 0.7f, 0.5f, 2, 0},
                       Setting{OuterKind::kNesterov, 0.7f, 0.5f, 2, 0},
-                      Setting{OuterKind::kNesterov, 0.7f, 0.5f, 2, 2}));
+                      Setting{OuterKind::kNesterov, 0.7f, 0.5f, 2, 2}),
+    [](const ::testing::TestParamInfo<Setting>& info) {
+      const Setting& s = info.param;
+      return std::string(s.kind == OuterKind::kAverage ? "Average" : "Nesterov") +
+             (s.width == 1 ? "Blocking" : "Overlapped") + "After" +
+             std::to_string(s.sync_rounds) + "Rounds" + (s.reset ? "ResetMomentum" : "");
+    });
 
 TEST(OuterLoop, ReplicasAreBitwiseIdenticalOnThreeRanks) {
   for (int width : {1, 2}) {
