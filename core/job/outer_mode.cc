@@ -93,11 +93,7 @@ class OuterLoop : public train::TrainingMode {
     }
     wire_step_ = round_end_;
     r.wire_bytes_per_step = wire_per_step_;
-    const uint64_t payload = wire.payload_bytes - wire_.payload_bytes;
-    r.compression_ratio =
-        payload == 0 ? 1.0
-                     : static_cast<double>(wire.raw_payload_bytes - wire_.raw_payload_bytes) /
-                           payload;
+    r.compression_ratio = detail::CompressionRatio(wire_, wire);
     wire_ = wire;
     return r;
   }
@@ -134,8 +130,7 @@ class OuterLoop : public train::TrainingMode {
 class OuterJob : public JobMode {
  public:
   explicit OuterJob(const config::Job& job)
-      : job_(job), plan_{job.train().local_steps(), job.train().sync_warmup_steps()},
-        h_(plan_.h) {}
+      : job_(job), plan_{job.train().local_steps(), job.train().sync_warmup_steps()} {}
 
   ModeLayout Layout(const JobEnv& env) const override { return {0, 0, env.world_size, "ranks"}; }
 
@@ -144,7 +139,7 @@ class OuterJob : public JobMode {
     return fmt::format(
         "pipesgd worker: world size {}, outer loop every {} steps after {} synchronous ones "
         "({}{}, {}), comm.transport {}",
-        env.world_size, h_, plan_.warmup, config::OuterOptimizer_Name(t.outer_optimizer()),
+        env.world_size, plan_.h, plan_.warmup, config::OuterOptimizer_Name(t.outer_optimizer()),
         t.outer_optimizer() == config::NESTEROV
             ? fmt::format(" lr {} momentum {}", t.outer_learning_rate(), t.outer_momentum())
             : "",
@@ -224,7 +219,7 @@ class OuterJob : public JobMode {
             ctx.env.world_size,
             comm_->transport().name(),
             wire.bytes_sent,
-            {{"local_steps", h_},
+            {{"local_steps", plan_.h},
              {"sync_warmup_steps", plan_.warmup},
              {"reset_inner_momentum", t.reset_inner_momentum()},
              {"outer_optimizer", config::OuterOptimizer_Name(t.outer_optimizer())},
@@ -241,7 +236,6 @@ class OuterJob : public JobMode {
  private:
   const config::Job& job_;
   const RoundPlan plan_;
-  const int64_t h_;
   // Declared in the order they are made, so each goes before what it uses.
   detail::JobModel built_;
   std::unique_ptr<train::ClassifierTask> task_;

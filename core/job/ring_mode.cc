@@ -46,11 +46,7 @@ train::TrainingMode::Result RingMode::Evaluate(int64_t from) {
   const int64_t wire_steps = std::max<int64_t>(1, wire.steps - wire_before_.steps);
   r.wire_bytes_per_step =
       static_cast<double>(wire.bytes_sent - wire_before_.bytes_sent) / wire_steps;
-  const uint64_t payload = wire.payload_bytes - wire_before_.payload_bytes;
-  r.compression_ratio =
-      payload == 0 ? 1.0
-                   : static_cast<double>(wire.raw_payload_bytes - wire_before_.raw_payload_bytes) /
-                         payload;
+  r.compression_ratio = detail::CompressionRatio(wire_before_, wire);
   if (wire.saturated > wire_before_.saturated) {
     PSGD_LOG_WARN("rank {}: step {}: {} gradient elements were beyond the codec's range and "
                   "were clamped (comm.compression = {}; fp16 saturates at +-65504)",

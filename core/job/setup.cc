@@ -116,6 +116,13 @@ TestSetResult SumTestShards(train::Trainer& trainer, const layers::EvalResult& l
   return {sums[1] / sums[2], sums[0] / sums[2]};
 }
 
+double CompressionRatio(const train::WireTotals& before, const train::WireTotals& now) {
+  const uint64_t payload = now.payload_bytes - before.payload_bytes;
+  return payload == 0 ? 1.0
+                      : static_cast<double>(now.raw_payload_bytes - before.raw_payload_bytes) /
+                            static_cast<double>(payload);
+}
+
 void DrainQuietly(train::Trainer* trainer) {
   if (!trainer) return;
   try {

@@ -71,6 +71,9 @@ struct TestSetResult {
   double loss = 0;
 };
 TestSetResult SumTestShards(train::Trainer& trainer, const layers::EvalResult& local);
+// The codec's ratio (raw float32 bytes over payload bytes) of the gradient AllReduces between
+// two readings of the trainer's wire totals; 1 where nothing was sent.
+double CompressionRatio(const train::WireTotals& before, const train::WireTotals& now);
 // The loop failed: let the trainer's collectives in flight end on every rank before it goes, so
 // this rank's failure does not turn into a confusing connection error on its peers.
 void DrainQuietly(train::Trainer* trainer);
