@@ -136,6 +136,33 @@ TEST(JobModes, TheOuterLoopRunsExactlyMaxStepsInRounds) {
   }
 }
 
+// The --timeline window counts the job's steps, which under the outer loop are inner steps.
+// Before, the trainer told the recorder its round number: steps [10, 18) of a 24-step run of
+// rounds of 4 (8 rounds) recorded nothing. Now each inner step's forward and backward are
+// under that step (inside an "inner_step" span with its update), and a round's AllReduce under
+// its last inner step. 2 synchronous steps first: rounds end at steps 0, 1, 5, 9, 13, 17, 21, 23.
+TEST(JobModes, TheOuterLoopTimelineWindowCountsInnerSteps) {
+  CliTempDir dir;
+  const std::string tl = dir.path("outer.json");
+  const CommandResult r = RunJob(
+      2, kConfig,
+      {"train.batch_size=16", "train.epochs=1", "train.max_steps=24", "data.train_limit=960",
+       "data.test_limit=200", "train.local_steps=4", "train.sync_warmup_steps=2"},
+      {"--timeline", tl, "--timeline-first-step", "10", "--timeline-steps", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::set<int64_t> forward, inner, allreduce;
+  for (const Span& s : ReadSpans(tl)) {
+    if (s.rank != 0) continue;
+    if (s.name == "forward") forward.insert(s.step);
+    if (s.name == "inner_step") inner.insert(s.step);  // forward, backward and inner update
+    if (s.name == "allreduce") allreduce.insert(s.step);
+  }
+  const std::set<int64_t> window = {10, 11, 12, 13, 14, 15, 16, 17};
+  EXPECT_EQ(forward, window);
+  EXPECT_EQ(inner, window);
+  EXPECT_EQ(allreduce, (std::set<int64_t>{13, 17}));
+}
+
 // Issue 45: SDPIPE and the pipeline stages trained, then the merge failed ("cannot read
 // ...rank0.json"): only RING and PS wrote a timeline.
 TEST(JobModes, EveryModeWritesATimelineWithSpansOfEachRank) {

@@ -115,7 +115,10 @@ void Trainer::CommLoop() {
       job = queue_.front();
     }
     try {
-      if (timeline_ && job->step >= 0) timeline_->SetStep(timeline::kComm, job->step);
+      if (timeline_ && job->step >= 0) {
+        timeline_->SetStep(timeline::kComm,
+                           timeline_step_of_ ? timeline_step_of_(job->step) : job->step);
+      }
       timeline::Span span(job->step >= 0 ? timeline_ : nullptr, timeline::kComm, "allreduce");
       if (job->slot >= 0) {
         store_->AllReduce(job->slot, job->op, Deadline::After(options_.timeout_s), &abort_,
@@ -197,7 +200,9 @@ void Trainer::Step() {
   const int index = static_cast<int>(t % k);
   Slot& slot = slots_[index];
   PSGD_CHECK(!slot.busy);  // Finish() released it K steps ago
-  if (timeline_) timeline_->SetStep(timeline::kCompute, t);
+  if (timeline_) {
+    timeline_->SetStep(timeline::kCompute, timeline_step_of_ ? timeline_step_of_(t) : t);
+  }
 
   const std::span<const float> at = GradientPoint();
   store_->Compute(objective_, index, t, at);

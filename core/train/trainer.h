@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <thread>
@@ -204,7 +205,14 @@ class Trainer {
   // Records, per step, the compute thread's "update" and "wait_aggregate" spans and
   // the communication thread's "allreduce" span, and tells `recorder` which step each thread
   // is on (null: none). Call before the first Step; the recorder must outlive the trainer.
-  void set_timeline(timeline::Recorder* recorder) { timeline_ = recorder; }
+  // `step_of` maps a trainer step to the step the recorder's window counts in, where those
+  // differ (the outer loop: a trainer step is a round of inner steps; the job's --timeline
+  // window is in inner steps); empty: the trainer's own. Called on both threads: it must be pure.
+  void set_timeline(timeline::Recorder* recorder,
+                    std::function<int64_t(int64_t)> step_of = nullptr) {
+    timeline_ = recorder;
+    timeline_step_of_ = std::move(step_of);
+  }
 
   // Waits for every AllReduce in flight and returns the state between steps (pending
   // aggregates included, not applied). Throws Error(kNumerical) if a pending aggregate is not
@@ -275,6 +283,7 @@ class Trainer {
   bool stop_ = false;
   std::atomic<bool> abort_{false};
   timeline::Recorder* timeline_ = nullptr;
+  std::function<int64_t(int64_t)> timeline_step_of_;  // set before the first Step, then read-only
   std::thread comm_thread_;
 };
 
