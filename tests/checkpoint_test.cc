@@ -1,7 +1,8 @@
 // Checkpoints: the on-disk frame rejects truncated and corrupt files by name and falls back to
 // the previous one; a writer killed with SIGKILL at random moments never leaves the newest
 // loadable checkpoint torn; and a training run killed mid-way and resumed ends with bitwise
-// the same parameters as an uninterrupted run, for width 1 (synchronous) and width 2.
+// the same parameters as an uninterrupted run, for width 1 (synchronous) and width 2, and for
+// the outer loop, blocking and overlapped.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -255,6 +256,11 @@ struct ResumeCase {
   // this rank's own gradient of the step in flight in the checkpoint; NONE is the plain
   // recurrence.
   const char* compensation = "LOCAL_GRADIENT";
+  // More of the job's settings: the outer loop's (train.local_steps 4 after the default 50
+  // synchronous steps of one-step rounds: a checkpoint at the first round end at or after each
+  // multiple of 30 is at steps 30, 62, 90, 122, 150, 182 and the final 200).
+  std::vector<std::string> sets = {};
+  const char* name = "";
 };
 
 std::vector<std::string> Job(const fs::path& ckpt_dir, const ResumeCase& c) {
@@ -268,6 +274,10 @@ std::vector<std::string> Job(const fs::path& ckpt_dir, const ResumeCase& c) {
   if (c.dropout) {
     argv.push_back("--set");
     argv.push_back("model.layers[1]={ dropout { p: 0.2 } }");
+  }
+  for (const std::string& set : c.sets) {
+    argv.push_back("--set");
+    argv.push_back(set);
   }
   if (c.compressed) {
     for (const char* s : {"comm.compression=q8", "comm.stochastic_rounding=true",
@@ -332,7 +342,7 @@ TEST_P(Resume, AfterAKillGivesBitwiseTheSameFinalWeights) {
     ASSERT_EQ(got.size(), expected.size());
     EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
         << "width " << width << (param.compressed ? " q8+EF" : "")
-        << (param.dropout ? " dropout" : "") << " rank " << rank
+        << (param.dropout ? " dropout" : "") << " " << param.name << " rank " << rank
         << ": resumed weights differ";
   }
 }
@@ -340,9 +350,19 @@ TEST_P(Resume, AfterAKillGivesBitwiseTheSameFinalWeights) {
 INSTANTIATE_TEST_SUITE_P(Cases, Resume,
                          ::testing::Values(ResumeCase{1, false}, ResumeCase{2, false},
                                            ResumeCase{2, true}, ResumeCase{2, false, true},
-                                           ResumeCase{2, false, false, "NONE"}),
+                                           ResumeCase{2, false, false, "NONE"},
+                                           // The outer loop: its inner momentum carried across
+                                           // rounds; overlapped, a round in flight and q8's
+                                           // residual.
+                                           ResumeCase{1, false, false, "LOCAL_GRADIENT",
+                                                      {"train.local_steps=4"}, "outer_h4"},
+                                           ResumeCase{1, true, false, "LOCAL_GRADIENT",
+                                                      {"train.local_steps=4",
+                                                       "train.outer_overlap=1"},
+                                                      "outer_h4_overlapped"}),
                          [](const auto& param_info) {
                            const std::string c = param_info.param.compensation;
+                           if (*param_info.param.name) return std::string(param_info.param.name);
                            return fmt::format("width{}{}{}{}", param_info.param.width,
                                               param_info.param.compressed ? "_q8_ef" : "",
                                               param_info.param.dropout ? "_dropout" : "",

@@ -779,19 +779,16 @@ TEST_F(ConfigTest, EachModeRefusesWhatItDoesNotDeclare) {
        "comm.compression = q8: not supported by train.mode = PS_SYNC (only by train.mode = RING, "
        "train.mode = SDPIPE, pipeline stages (train.mode = SDPIPE with pipeline.stages > 1), "
        "train.local_steps > 1 (the outer loop)); set comm.compression = none"},
-      {std::string(kModel) + "train { local_steps: 8 }\ncheckpoint { dir: \"/tmp/c\" }\n",
-       "checkpoint.dir = '/tmp/c': not supported by train.local_steps > 1 (the outer loop) (only "
-       "by train.mode = RING)"},
       {std::string(kModel) + "train { local_steps: 8 mode: PS_SYNC }\n",
        "train.local_steps = 8: the outer loop runs with train.mode = RING (it is PS_SYNC)"},
       {std::string(kModel) + "train { local_steps: 8 }\ncomm { chunk_bytes: 0 }\n",
        "train.local_steps = 8: comm.chunk_bytes = auto is not implemented with the outer loop"},
       {std::string(kModel) + "train { mode: PS_ASYNC }\ncheckpoint { dir: \"/tmp/c\" }\n",
        "checkpoint.dir = '/tmp/c': not supported by train.mode = PS_ASYNC (only by train.mode = "
-       "RING); leave checkpoint.dir empty"},
+       "RING, train.local_steps > 1 (the outer loop)); leave checkpoint.dir empty"},
       {std::string(kModel) + "train { mode: SDPIPE }\ncheckpoint { dir: \"/tmp/c\" }\n",
        "checkpoint.dir = '/tmp/c': not supported by train.mode = SDPIPE (only by train.mode = "
-       "RING)"},
+       "RING, train.local_steps > 1 (the outer loop))"},
       {pipeline + "comm { powersgd_rank: 2 }\n",
        "comm.powersgd_rank = 2: not supported by pipeline stages (train.mode = SDPIPE with "
        "pipeline.stages > 1) (only by train.mode = RING, train.local_steps > 1 (the outer "

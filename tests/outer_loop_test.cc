@@ -207,8 +207,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Setting{OuterKind::kAverage, 0.7f, 0.5f, 2, 0},
                       Setting{OuterKind::kNesterov, 0.7f, 0.5f, 2, 0},
                       Setting{OuterKind::kNesterov, 0.7f, 0.5f, 2, 2}),
-    [](const ::testing::TestParamInfo<Setting>& info) {
-      const Setting& s = info.param;
+    [](const ::testing::TestParamInfo<Setting>& param_info) {
+      const Setting& s = param_info.param;
       return std::string(s.kind == OuterKind::kAverage ? "Average" : "Nesterov") +
              (s.width == 1 ? "Blocking" : "Overlapped") + "After" +
              std::to_string(s.sync_rounds) + "Rounds" + (s.reset ? "ResetMomentum" : "");

@@ -5,6 +5,8 @@
 // (core/train/outer_loop.h); docs/outer_loop.md has the recurrences.
 #include <limits>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/base/log.h"
@@ -13,6 +15,7 @@
 #include "core/job/fault.h"
 #include "core/job/job_mode.h"
 #include "core/job/worker_detail.h"
+#include "core/train/checkpoint.h"
 #include "core/train/classifier_task.h"
 #include "core/train/outer_loop.h"
 #include "core/train/straggler.h"
@@ -31,16 +34,25 @@ struct RoundPlan {
   }
   // The length of the round that starts at inner step `step`.
   int64_t LengthAt(int64_t step) const { return step < warmup ? 1 : h; }
+  // The last inner step of round `round` (a round cut short by the run's end ends sooner).
+  int64_t LastStepOf(int64_t round) const {
+    return round < warmup ? round : warmup + (round - warmup + 1) * h - 1;
+  }
 };
 
 // The loop's steps are inner steps; the trainer's are rounds. Evaluations see the synchronised
 // weights (the trainer's, the same bits on every rank), never a rank's local ones.
 class OuterLoop : public train::TrainingMode {
  public:
+  // A resumed run starts at inner step `steps`, between rounds, with the trainer restored.
   OuterLoop(train::Trainer& trainer, train::LocalRounds& rounds, RoundPlan plan, bool reset,
-            std::function<layers::EvalResult()> evaluate_shard, int rank)
-      : trainer_(trainer), rounds_(rounds), plan_(plan), reset_(reset),
-        evaluate_shard_(std::move(evaluate_shard)), rank_(rank) {}
+            std::function<layers::EvalResult()> evaluate_shard,
+            std::function<void(int64_t)> save_checkpoint, const config::Checkpoint& checkpoint,
+            int rank, timeline::Recorder* recorder, int64_t steps)
+      : trainer_(trainer), rounds_(rounds), plan_(plan), reset_(reset), round_end_(steps),
+        wire_step_(steps), evaluate_shard_(std::move(evaluate_shard)),
+        save_checkpoint_(std::move(save_checkpoint)), checkpoint_(checkpoint), rank_(rank),
+        recorder_(recorder), saved_at_(steps), steps_(steps), eval_round_(trainer.steps()) {}
 
   int64_t steps() const override { return steps_; }
   void Step() override {
@@ -51,9 +63,29 @@ class OuterLoop : public train::TrainingMode {
       in_round_ = true;
       round_length_ = plan_.LengthAt(steps_);
     }
-    last_loss_ = rounds_.InnerStep(steps_);
+    // The --timeline window counts inner steps: each one's forward and backward under its own,
+    // inside an "inner_step" span with the inner update (the step's compute without any
+    // communication: the zero-communication bound).
+    if (recorder_) recorder_->SetStep(timeline::kCompute, steps_);
+    {
+      timeline::Span span(recorder_, timeline::kCompute, "inner_step");
+      last_loss_ = rounds_.InnerStep(steps_);
+    }
     ++steps_;
     if (rounds_.inner_steps() == round_length_) EndRound();
+  }
+  // A checkpoint holds no round in progress (the local weights, the inner steps so far): it is
+  // taken at the first round end at or after each multiple of checkpoint.every_steps, or after
+  // an epoch's end with checkpoint.every_epochs.
+  void AfterStep() override {
+    const int64_t every = checkpoint_.every_steps();
+    if (every > 0 && steps_ / every > saved_at_ / every) checkpoint_due_ = true;
+    MaybeCheckpoint();
+  }
+  void AfterEvaluation(const train::Evaluation& e) override {
+    const int every = checkpoint_.every_epochs();
+    if (e.epoch_end && every > 0 && e.epoch % every == 0) checkpoint_due_ = true;
+    MaybeCheckpoint();
   }
   double LatestLoss() const override { return last_loss_; }
   // The last evaluation ends a round cut short by the run's end, so no inner step is lost.
@@ -98,12 +130,24 @@ class OuterLoop : public train::TrainingMode {
     return r;
   }
   // Stopped at the target: the rounds in flight are dropped, so the weights kept are the ones
-  // that reached it.
+  // that reached it. The final state is checkpointed where it is one: between rounds, none
+  // dropped.
   void Finish(bool at_target) override {
     if (at_target) trainer_.Drain(false);
+    if (!in_round_ && trainer_.applied() == trainer_.steps()) {
+      checkpoint_due_ = true;
+      MaybeCheckpoint();
+    }
   }
 
  private:
+  void MaybeCheckpoint() {
+    if (!checkpoint_due_ || in_round_) return;
+    save_checkpoint_(steps_);
+    checkpoint_due_ = false;
+    saved_at_ = steps_;
+  }
+
   void EndRound() {
     trainer_.Step();
     in_round_ = false;
@@ -115,14 +159,19 @@ class OuterLoop : public train::TrainingMode {
   RoundPlan plan_;
   bool reset_;  // train.reset_inner_momentum
   int64_t round_length_ = 0;
-  int64_t round_end_ = 0;  // the inner step the last submitted round ended at
-  int64_t wire_step_ = 0;  // round_end_ at the last evaluation
+  int64_t round_end_;  // the inner step the last submitted round ended at
+  int64_t wire_step_;  // round_end_ at the last evaluation
   std::function<layers::EvalResult()> evaluate_shard_;
+  std::function<void(int64_t)> save_checkpoint_;  // of the state at this inner step
+  const config::Checkpoint& checkpoint_;
   int rank_;
+  timeline::Recorder* recorder_;  // null without --timeline
+  int64_t saved_at_;              // the inner step of the last checkpoint (or the start)
+  bool checkpoint_due_ = false;
   int64_t steps_ = 0;
   bool in_round_ = false;
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();
-  int64_t eval_round_ = 0;
+  int64_t eval_round_;
   train::WireTotals wire_;
   double wire_per_step_ = 0;
 };
@@ -167,7 +216,8 @@ class OuterJob : public JobMode {
 
   void Connect(JobContext& ctx) override { comm_ = detail::ConnectJobRing(job_, ctx.env, ctx.lead); }
 
-  int64_t Restore(JobContext& /*ctx*/) override {
+  // --resume: the trainer's state (rounds), the outer and the inner optimizer, the residual.
+  int64_t Restore(JobContext& ctx) override {
     const auto& t = job_.train();
     const size_t n = built_.params.size();
     inner_ = std::make_unique<train::SgdOptimizer>(
@@ -178,6 +228,17 @@ class OuterJob : public JobMode {
                                                 : train::OuterKind::kAverage,
         t.outer_learning_rate(), t.outer_momentum(), n, plan_.warmup);
     rounds_ = std::make_unique<train::LocalRounds>(*straggler_, *inner_);
+    ckpt_job_text_ = detail::CheckpointIdentity(job_);
+    resumed_ = detail::ResumeRingJob(job_, ckpt_job_text_, *comm_, ctx.env, ctx.args.resume,
+                                     built_.params);
+    if (resumed_) {
+      // After LocalRounds took the inner optimizer's fresh state (train.reset_inner_momentum).
+      outer_->LoadState({resumed_->optimizer_state().data(),
+                         static_cast<size_t>(resumed_->optimizer_state_size())});
+      inner_->LoadState({resumed_->inner_optimizer_state().data(),
+                         static_cast<size_t>(resumed_->inner_optimizer_state_size())});
+      saved_step_ = resumed_->steps();
+    }
     options_.pipeline_width = 1 + t.outer_overlap();
     options_.timeout_s = job_.comm().timeout_s();
     options_.compression_warmup_steps = plan_.RoundsFor(job_.comm().warmup_steps());
@@ -185,7 +246,7 @@ class OuterJob : public JobMode {
       options_.compensation = train::StalenessCompensation::kLocalGradient;
       options_.sync_warmup_steps = plan_.warmup;
     }
-    return 0;
+    return resumed_ ? resumed_->steps() : 0;
   }
 
   train::TrainingMode& Start(JobContext& ctx) override {
@@ -197,14 +258,28 @@ class OuterJob : public JobMode {
     }
     trainer_ = std::make_unique<train::Trainer>(*comm_, *rounds_, *outer_, built_.params,
                                                 options_);
-    trainer_->set_timeline(ctx.recorder.get());
+    // A round's spans (its AllReduce, the outer update) under its last inner step.
+    trainer_->set_timeline(ctx.recorder.get(),
+                           [plan = plan_](int64_t round) { return plan.LastStepOf(round); });
+    if (resumed_) {
+      train::TrainerSnapshot snapshot = train::SnapshotFromCheckpoint(*resumed_);
+      snapshot.steps = resumed_->rounds();
+      trainer_->Restore(snapshot);
+      if (ctx.lead) {
+        PSGD_LOG_INFO("resumed from {} at step {} (round {}, {} pending)",
+                      train::CheckpointPath(job_.checkpoint().dir(), resumed_->steps(),
+                                            ctx.env.rank).string(),
+                      resumed_->steps(), snapshot.steps, snapshot.pending.size());
+      }
+    }
     const JobEnv& env = ctx.env;
     loop_ = std::make_unique<OuterLoop>(
         *trainer_, *rounds_, plan_, job_.train().reset_inner_momentum(),
         [this, &env, &test = ctx.data.test] {
           return task_->EvaluateShard(built_.params, test, env.rank, env.world_size);
         },
-        env.rank);
+        [this, &ctx](int64_t steps) { SaveCheckpoint(ctx, steps); }, job_.checkpoint(), env.rank,
+        ctx.recorder.get(), resumed_ ? resumed_->steps() : 0);
     return *loop_;
   }
 
@@ -234,6 +309,28 @@ class OuterJob : public JobMode {
   }
 
  private:
+  // Between rounds (OuterLoop decides when): the trainer's snapshot in rounds, under the job's
+  // inner step; every rank its own file (the residual is per rank).
+  void SaveCheckpoint(const JobContext& ctx, int64_t inner_steps) {
+    const auto& cfg = job_.checkpoint();
+    if (cfg.dir().empty() || inner_steps == saved_step_) return;
+    const JobEnv& env = ctx.env;
+    const train::TrainerSnapshot snapshot = trainer_->Snapshot();
+    const std::vector<float> outer = outer_->SaveState();
+    // The sequence after the write's own agreement, as RING's (ring_mode.cc).
+    checkpoint::Checkpoint c = train::CaptureCheckpoint(
+        {ckpt_job_text_, env.rank, env.world_size, comm_->sequence() + 1, built_.params, outer,
+         comm_->residual(), options_.pipeline_width, comm_->options().chunk_bytes,
+         comm_->options().streams},
+        snapshot);
+    c.set_steps(inner_steps);
+    c.set_rounds(snapshot.steps);
+    const std::vector<float> inner = inner_->SaveState();
+    c.mutable_inner_optimizer_state()->Add(inner.begin(), inner.end());
+    detail::WriteRingCheckpoint(*trainer_, cfg, c, env, ctx.lead);
+    saved_step_ = inner_steps;
+  }
+
   const config::Job& job_;
   const RoundPlan plan_;
   // Declared in the order they are made, so each goes before what it uses.
@@ -244,6 +341,9 @@ class OuterJob : public JobMode {
   std::unique_ptr<train::SgdOptimizer> inner_;
   std::unique_ptr<train::OuterOptimizer> outer_;
   std::unique_ptr<train::LocalRounds> rounds_;
+  std::string ckpt_job_text_;
+  std::optional<checkpoint::Checkpoint> resumed_;
+  int64_t saved_step_ = -1;
   train::TrainerOptions options_;
   std::unique_ptr<collective::PowerSgd> powersgd_;
   std::unique_ptr<train::Trainer> trainer_;
@@ -255,7 +355,7 @@ class OuterJob : public JobMode {
 extern const ModeInfo kOuterMode;
 const ModeInfo kOuterMode{
     "train.local_steps > 1 (the outer loop)",
-    {.checkpoints = false, .cuda = false, .timeline = true, .compression = true, .powersgd = true},
+    {.checkpoints = true, .cuda = false, .timeline = true, .compression = true, .powersgd = true},
     [](const config::Job& job) {
       return job.train().mode() == config::RING && job.train().local_steps() > 1;
     },

@@ -140,25 +140,12 @@ class RingJob : public JobMode {
     }
 #endif
     if (!optimizer_) optimizer_ = std::make_unique<train::SgdOptimizer>(sgd_options_, params.size());
-    // A checkpoint belongs to the job, not to where it is kept: its directory is left out of
-    // the identity, so that a copied or moved directory resumes (checkpoint.dir = the new place).
-    config::Job identity = job_;
-    identity.mutable_checkpoint()->clear_dir();
-    ckpt_job_text_ = JobDescription(identity);
-    if (ctx.args.resume) {
-      if (job_.checkpoint().dir().empty()) {
-        Throw(ErrorCode::kInvalidArgument,
-              "--resume: checkpoint.dir is not set in the config (nothing to resume from)");
-      }
-      resumed_ = train::AgreeOnCheckpoint(*comm_, job_.checkpoint().dir(), comm_cfg.timeout_s());
-      train::CheckCheckpointFitsJob(*resumed_, job_.checkpoint().dir(), ckpt_job_text_,
-                                    ctx.env.world_size, params.size());
-      std::copy(resumed_->params().begin(), resumed_->params().end(), params.begin());
+    ckpt_job_text_ = detail::CheckpointIdentity(job_);
+    resumed_ =
+        detail::ResumeRingJob(job_, ckpt_job_text_, *comm_, ctx.env, ctx.args.resume, params);
+    if (resumed_) {
       optimizer_->LoadState({resumed_->optimizer_state().data(),
                              static_cast<size_t>(resumed_->optimizer_state_size())});
-      comm_->RestoreResidual({resumed_->residual().data(),
-                              static_cast<size_t>(resumed_->residual_size())});
-      comm_->RestoreSequence(resumed_->collective_sequence());
       saved_step_ = resumed_->steps();
     }
     options_ = {train_cfg.pipeline_width(), comm_cfg.timeout_s(), comm_cfg.warmup_steps()};
@@ -297,24 +284,8 @@ class RingJob : public JobMode {
          comm_->residual(), settings_.pipeline_width, comm_->options().chunk_bytes,
          comm_->options().streams},
         snapshot);
-    // A rank deletes its older checkpoints only once every rank has written this step (a full
-    // disk on one rank must leave a step all can resume from): one AllReduce of a one-hot
-    // failure flag, on the trainer's communication thread after the steps (Snapshot drained
-    // them). It costs a few bytes per round, beside a write of the whole model; learning the
-    // same from the next round's gradients instead would keep two rounds of files and could
-    // not confirm the last round before the job ends.
-    const std::filesystem::path dir = ckpt_cfg.dir();
-    train::WriteCheckpointRound(dir, c, ckpt_cfg.keep(), [&](float failed) {
-      std::vector<float> all(static_cast<size_t>(env.world_size), 0.0f);
-      all[static_cast<size_t>(env.rank)] = failed;
-      trainer_->AllReduce(all, collective::ReduceOp::kSum);
-      return all;
-    });
+    detail::WriteRingCheckpoint(*trainer_, ckpt_cfg, c, env, ctx.lead);
     saved_step_ = snapshot.steps;
-    if (ctx.lead) {
-      PSGD_LOG_INFO("checkpoint: step {} written to {}", snapshot.steps,
-                    train::CheckpointPath(dir, snapshot.steps, env.rank).string());
-    }
   }
 
   const config::Job& job_;

@@ -244,6 +244,52 @@ int64_t TimelineFirstStep(const WorkerArgs& args, const train::RunPlan& plan,
   return std::min(steady, last_window);
 }
 
+std::string CheckpointIdentity(const config::Job& job) {
+  config::Job identity = job;
+  identity.mutable_checkpoint()->clear_dir();
+  return JobDescription(identity);
+}
+
+std::optional<checkpoint::Checkpoint> ResumeRingJob(const config::Job& job,
+                                                    const std::string& identity,
+                                                    collective::Communicator& comm,
+                                                    const JobEnv& env, bool resume,
+                                                    std::span<float> params) {
+  if (!resume) return std::nullopt;
+  const std::string& dir = job.checkpoint().dir();
+  if (dir.empty()) {
+    Throw(ErrorCode::kInvalidArgument,
+          "--resume: checkpoint.dir is not set in the config (nothing to resume from)");
+  }
+  checkpoint::Checkpoint c = train::AgreeOnCheckpoint(comm, dir, job.comm().timeout_s());
+  train::CheckCheckpointFitsJob(c, dir, identity, env.world_size, params.size());
+  std::copy(c.params().begin(), c.params().end(), params.begin());
+  comm.RestoreResidual({c.residual().data(), static_cast<size_t>(c.residual_size())});
+  comm.RestoreSequence(c.collective_sequence());
+  return c;
+}
+
+void WriteRingCheckpoint(train::Trainer& trainer, const config::Checkpoint& cfg,
+                         const checkpoint::Checkpoint& c, const JobEnv& env, bool lead) {
+  // A rank deletes its older checkpoints only once every rank has written this step (a full
+  // disk on one rank must leave a step all can resume from): one AllReduce of a one-hot
+  // failure flag, on the trainer's communication thread after the steps (the caller's
+  // Snapshot drained them). It costs a few bytes per round, beside a write of the whole model;
+  // learning the same from the next round's gradients instead would keep two rounds of files
+  // and could not confirm the last round before the job ends.
+  const std::filesystem::path dir = cfg.dir();
+  train::WriteCheckpointRound(dir, c, cfg.keep(), [&](float failed) {
+    std::vector<float> all(static_cast<size_t>(env.world_size), 0.0f);
+    all[static_cast<size_t>(env.rank)] = failed;
+    trainer.AllReduce(all, collective::ReduceOp::kSum);
+    return all;
+  });
+  if (lead) {
+    PSGD_LOG_INFO("checkpoint: step {} written to {}", c.steps(),
+                  train::CheckpointPath(dir, c.steps(), env.rank).string());
+  }
+}
+
 std::unique_ptr<timeline::Recorder> TimelineRecorder(const WorkerArgs& args, const JobEnv& env,
                                                      const train::RunPlan& plan,
                                                      int64_t start_step) {

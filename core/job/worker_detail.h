@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "core/collective/group_allreduce.h"
 #include "core/collective/powersgd.h"
 #include "core/data/dataset.h"
+#include "core/train/checkpoint.h"
 #include "core/train/run_loop.h"
 #include "core/train/sdpipe_service.h"
 #include "core/train/straggler.h"
@@ -77,6 +80,21 @@ double CompressionRatio(const train::WireTotals& before, const train::WireTotals
 // The loop failed: let the trainer's collectives in flight end on every rank before it goes, so
 // this rank's failure does not turn into a confusing connection error on its peers.
 void DrainQuietly(train::Trainer* trainer);
+// Checkpoints of the ring's modes (RING and the outer loop). A checkpoint belongs to the job,
+// not to where it is kept: the identity is the effective config without checkpoint.dir, so that
+// a copied or moved directory resumes (checkpoint.dir = the new place).
+std::string CheckpointIdentity(const config::Job& job);
+// --resume (`resume`): the checkpoint every rank agrees on, checked against `identity`, with the
+// parameters, the error-feedback residual and the collective sequence restored; nullopt without
+// --resume. The optimizers' state and the trainer's are the mode's to restore.
+std::optional<checkpoint::Checkpoint> ResumeRingJob(const config::Job& job,
+                                                    const std::string& identity,
+                                                    collective::Communicator& comm,
+                                                    const JobEnv& env, bool resume,
+                                                    std::span<float> params);
+// Writes this rank's `c` into checkpoint.dir; the lead rank logs it.
+void WriteRingCheckpoint(train::Trainer& trainer, const config::Checkpoint& cfg,
+                         const checkpoint::Checkpoint& c, const JobEnv& env, bool lead);
 // comm.powersgd_rank's PowerSGD on `comm`, for gradient slots of the model's parameters and the
 // loss after them; the lead rank logs what it compresses.
 std::unique_ptr<collective::PowerSgd> MakePowerSgd(const config::Job& job,
