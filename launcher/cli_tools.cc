@@ -74,6 +74,13 @@ Command AddModelCommand(CLI::App& app) {
       ->check(FiniteNumber(false) & CLI::Range(0.0, 1.0));
   cmd->add_option("--chunk-bytes", s->chunk_bytes, "Evaluate only this chunk size (default: search 4 KiB..16 MiB)")
       ->check(FiniteNumber(true));
+  cmd->add_option("--local-steps", s->local_steps,
+                  "The outer loop's H values to list (train.local_steps; default 4,16,64)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--batch-size", s->batch_size,
+                  "Per-worker batch, for samples per second (default: the probe's)")
+      ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--json", s->json_path, "Write the predictions as JSON");
   return {cmd, [s] {
             RunModel(*s);

@@ -46,6 +46,9 @@ struct ModelArgs {
   double contention = -1;  // gamma in [0, 1]
   double chunk_bytes = 0;     // evaluate this chunk size only (0: search 4 KiB .. 16 MiB)
   std::string json_path;      // write the predictions as JSON
+  // The outer loop's rows (train.local_steps H): one per H, blocking and overlapped.
+  std::vector<int> local_steps = {4, 16, 64};
+  int batch_size = 0;  // per worker, for samples per second (0: the probe's, if it has one)
 };
 
 // Prints the predictions; returns them as JSON text too (written to json_path if set).

@@ -464,10 +464,25 @@ TEST(TimingModelCli, PredictsByHandValuesAndTheBestChoice) {
   EXPECT_NE(r.out.find("best: pipe_k2, compression sign1, pipeline width 2, chunk 1000000 B: "
                        "12.660 ms"),
             std::string::npos) << r.out;
+  // The outer loop's rows, per inner step (timing_model_test's OuterLoopByHand): H = 16
+  // overlapped is C + U; H = 4 overlapped is the AllReduce over 4.
+  EXPECT_NE(out.find("outer_h16_ov none 1000000 11.000"), std::string::npos) << r.out;
+  EXPECT_NE(out.find("outer_h4_ov none 1000000 13.650"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# outer_h16_ov: fastest with"), std::string::npos) << r.out;
   std::ifstream in(dir.path("m.json"));
   const auto j = nlohmann::json::parse(in);
   EXPECT_EQ(j["best"]["scheme"], "pipe_k2");
   EXPECT_EQ(j["rows"].size(), 14u);  // 2 ring schemes x 6 codecs + 2 PS schemes (float32 only)
+  EXPECT_EQ(j["outer_rows"].size(), 36u);  // H = 4, 16, 64, blocking and overlapped, 6 codecs
+  // --local-steps picks the H values; samples per second need the batch.
+  auto h8 = RunCommand({kBinary, "model", "-np", "4", "--model-bytes", "4e6", "--latency-s",
+                        "1e-4", "--bandwidth-Bps", "1.25e8", "--compute-s", "0.01", "--update-s",
+                        "0.001", "--chunk-bytes", "1e6", "--local-steps", "8", "--batch-size",
+                        "64"});
+  ASSERT_EQ(h8.exit_code, 0) << h8.err;
+  EXPECT_NE(h8.out.find("# outer_h8: fastest with"), std::string::npos) << h8.out;
+  EXPECT_NE(h8.out.find("samples/s at batch 64 per worker"), std::string::npos) << h8.out;
+  EXPECT_EQ(h8.out.find("outer_h16"), std::string::npos) << h8.out;
   // Missing inputs are named.
   auto bad = RunCommand({kBinary, "model", "--workers", "4"});
   ExpectError(bad, {"--model-bytes", "--latency-s", "--compute-s"});

@@ -600,5 +600,40 @@ TEST(TimingModel, OneWorkerNeedsNoLink) {
   EXPECT_EQ(report.best_width, 1);
 }
 
+// The outer loop: a round of H steps is one ring step whose compute is H C + (H - 1) U and whose
+// update is U_K (here U = 1 ms), with T_AR = 54.6 ms at 1 MB chunks (RingAllReduceByHand).
+TEST(TimingModel, OuterLoopByHand) {
+  TimingInputs in = Lab();
+  // H = 1 blocking is width 1 itself.
+  EXPECT_EQ(OuterStepTime(in, kNone, 1e6, 1, false), RingSyncTime(in, kNone, 1e6));
+  // H = 16 blocking: (160 + 15 + 1 + 54.6) / 16 ms; overlapped: max(176, 54.6) / 16 = C + U.
+  EXPECT_NEAR(OuterStepTime(in, kNone, 1e6, 16, false), 0.2306 / 16, 1e-12);
+  EXPECT_NEAR(OuterStepTime(in, kNone, 1e6, 16, true), 0.011, 1e-12);
+  // H = 4 overlapped: the round's 44 ms of compute hide behind the 54.6 ms AllReduce.
+  EXPECT_NEAR(OuterStepTime(in, kNone, 1e6, 4, true), 0.0546 / 4, 1e-12);
+  // A step's sigma is paid once per round, not once per inner step.
+  in.sync_overhead_s = 1.6e-3;
+  EXPECT_NEAR(OuterStepTime(in, kNone, 1e6, 16, false), (0.2306 + 1.6e-3) / 16, 1e-12);
+  in.sync_overhead_s = 0;
+  // The compensation's update U_K stands for the outer step's passes.
+  in.pipelined_update_s = 3e-3;
+  EXPECT_NEAR(OuterStepTime(in, kNone, 1e6, 16, false), 0.2326 / 16, 1e-12);
+
+  const std::vector<SchemePrediction> rows =
+      PredictOuter(Lab(), {kNone, {"q8", 4, 2e-9}}, std::vector<double>{1e6}, {1, 4});
+  ASSERT_EQ(rows.size(), 6u);  // H = 1 blocking, H = 4 blocking and overlapped; 2 codecs each
+  EXPECT_EQ(rows[0].scheme, "outer_h1");
+  EXPECT_EQ(rows[2].scheme, "outer_h4");
+  EXPECT_EQ(rows[4].scheme, "outer_h4_ov");
+  EXPECT_EQ(rows[5].codec, "q8");
+  // q8's AllReduce is 36.66 ms (RingAllReduceByHand): behind H = 4's 44 ms of compute.
+  EXPECT_NEAR(rows[5].iteration_s, 0.011, 1e-12);
+  EXPECT_NEAR(rows[5].comm_s, 0.03666 / 4, 1e-12);
+  EXPECT_NEAR(rows[5].compute_s, 0.011, 1e-12);
+  TimingInputs one = Lab();
+  one.workers = 1;
+  EXPECT_TRUE(PredictOuter(one, {kNone}, std::vector<double>{1e6}, {16}).empty());
+}
+
 }  // namespace
 }  // namespace pipesgd::train

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "core/base/check.h"
 
 namespace pipesgd::train {
@@ -416,6 +418,59 @@ std::vector<double> DefaultChunkSizes() {
   std::vector<double> sizes;
   for (double s = 4096; s <= 16.0 * (1 << 20); s *= 2) sizes.push_back(s);
   return sizes;
+}
+
+TimingInputs OuterRoundInputs(const TimingInputs& in, int local_steps) {
+  PSGD_CHECK_GE(local_steps, 1);
+  if (local_steps == 1) return in;
+  TimingInputs round = in;
+  round.compute_s = local_steps * in.compute_s + (local_steps - 1) * in.update_s;
+  round.update_s = UpdateTime(in, 2);
+  round.pipelined_update_s = round.update_s;
+  return round;
+}
+
+double OuterStepTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes,
+                     int local_steps, bool overlap) {
+  PSGD_CHECK_GE(local_steps, 1);
+  if (local_steps == 1 && !overlap) return RingSyncTime(in, codec, chunk_bytes);
+  const TimingInputs round = OuterRoundInputs(in, local_steps);
+  const double round_s =
+      overlap ? PipeTime(round, codec, chunk_bytes, 2) : RingSyncTime(round, codec, chunk_bytes);
+  return round_s / local_steps;
+}
+
+std::vector<SchemePrediction> PredictOuter(const TimingInputs& in,
+                                           const std::vector<CodecCost>& codecs,
+                                           const std::vector<double>& chunk_sizes,
+                                           const std::vector<int>& local_steps) {
+  PSGD_CHECK(!chunk_sizes.empty());
+  std::vector<SchemePrediction> rows;
+  if (in.workers == 1) return rows;
+  for (int h : local_steps) {
+    PSGD_CHECK_GE(h, 1);
+    const TimingInputs round = OuterRoundInputs(in, h);
+    for (bool overlap : {false, true}) {
+      if (h == 1 && overlap) continue;  // that is width 2, a row of PredictAll already
+      for (const CodecCost& codec : codecs) {
+        double chunk = chunk_sizes.front();
+        double best_t = OuterStepTime(in, codec, chunk, h, overlap);
+        for (double c : chunk_sizes) {
+          const double t = OuterStepTime(in, codec, c, h, overlap);
+          if (t < best_t * (1 - 1e-12)) {
+            chunk = c;
+            best_t = t;
+          }
+        }
+        const RingTerms terms = RingAllReduceTerms(in, codec, chunk);
+        const int width = overlap ? 2 : 1;
+        rows.push_back({fmt::format("outer_h{}{}", h, overlap ? "_ov" : ""), codec.name, chunk,
+                        best_t, (round.compute_s + UpdateTime(round, width)) / h,
+                        terms.total_s / h, CpuBoundTime(round, codec, chunk, width) / h, terms});
+      }
+    }
+  }
+  return rows;
 }
 
 ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& codecs,

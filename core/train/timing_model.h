@@ -310,6 +310,32 @@ struct ModelReport {
 ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& codecs,
                        const std::vector<double>& chunk_sizes);
 
+// The outer loop (train.local_steps H, docs/outer_loop.md): a round is H inner steps without
+// communication, then the pseudo-gradient's AllReduce and the outer step. A round is modelled
+// as one step of the ring schemes above whose compute is the round's:
+//   C_H = H C + (H - 1) U      the H inner steps' compute and updates but the last
+//   U_H = U_K                  the last update with the outer step's passes over the model
+//                              (the pseudo-gradient, the outer optimizer, the new start): as
+//                              many as width 2's compensation makes
+// blocking (outer_overlap 0): RingSyncTime of that step, the round's AllReduce on its critical
+// path; overlapped (outer_overlap 1): PipeTime at width 2, the AllReduce behind the next round's
+// H steps. Both with the sigmas and the CPU bound as measured for one step, so a round adds one
+// step's sigma, not H. Per inner step: the round / H. H = 1 blocking is RingSyncTime exactly (no
+// outer step: the ring trainer). A time model only: what H costs in accuracy is measured
+// (docs/outer_loop.md).
+TimingInputs OuterRoundInputs(const TimingInputs& in, int local_steps);
+double OuterStepTime(const TimingInputs& in, const CodecCost& codec, double chunk_bytes,
+                     int local_steps, bool overlap);
+
+// The outer loop's rows for each H in `local_steps` (each >= 1), blocking and overlapped (H >= 2),
+// each codec at its best chunk among `chunk_sizes`: scheme "outer_hH" or "outer_hH_ov",
+// iteration_s per inner step, compute_s and comm_s per inner step (C_H + U_H and T_AR over H),
+// the ring terms of the round's AllReduce. None with one worker (nothing to average).
+std::vector<SchemePrediction> PredictOuter(const TimingInputs& in,
+                                           const std::vector<CodecCost>& codecs,
+                                           const std::vector<double>& chunk_sizes,
+                                           const std::vector<int>& local_steps);
+
 // The per-chunk overhead o at which RingAllReduceTime(in, no codec, chunk_bytes) equals
 // `measured_s` (in.chunk_overhead_s is ignored): what a ring AllReduce timed with many chunks
 // says a chunk costs, all of it counted (a wake-up, a header, a reduction call), which a stream
