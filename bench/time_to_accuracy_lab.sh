@@ -13,6 +13,9 @@
 # batch 64 per worker, lr 0.05, momentum 0.9, EPOCHS epochs and a test-set evaluation every
 # EVAL_EVERY global steps (evaluation time left out of wall_s, in every scheme):
 #   ddp, ddp_fp16     PyTorch DDP, gloo, defaults / its fp16_compress_hook (bench/peers/ddp_train.py)
+#   ddp_plsH[_wN]     PyTorch DDP with its post-local SGD (post_localSGD_hook, PostLocalSGDOptimizer,
+#                     PeriodicModelAverager): parameters averaged every H steps after N steps of
+#                     plain DDP (default 50, as the outer loop's warm-up); e.g. ddp_pls16_w0
 #   ps_sync, ps_async pipesgd's parameter servers (server on node 4, workers on nodes 0-3)
 #   ring_k1           pipesgd width 1 (synchronous)
 #   ring_k1_q8        width 1, q8 with error feedback
@@ -94,8 +97,19 @@ run_rate() {
     port=$((port + 1))
     local t0; t0=$(date +%s.%N)
     case "$scheme" in
-      ddp|ddp_fp16)
-        local hook=(); [[ $scheme == ddp_fp16 ]] && hook=(--fp16-hook)
+      ddp|ddp_fp16|ddp_pls*)
+        local hook=() part parts
+        [[ $scheme == ddp_fp16 ]] && hook=(--fp16-hook)
+        if [[ $scheme == ddp_pls* ]]; then
+          IFS=_ read -ra parts <<< "${scheme#ddp_}"
+          for part in "${parts[@]}"; do
+            case "$part" in
+              pls[0-9]*) hook+=(--post-local-sgd "${part#pls}") ;;
+              w[0-9]*) hook+=(--local-sgd-start "${part#w}") ;;
+              *) echo "unknown part '$part' of scheme $scheme" >&2; exit 2 ;;
+            esac
+          done
+        fi
         for r in 0 1 2 3; do
           RANK=$r WORLD_SIZE=4 MASTER_ADDR=$a0 MASTER_PORT=$port GLOO_SOCKET_IFNAME=eth0 \
             OMP_NUM_THREADS=1 timeout 1800 scripts/lab exec "$r" /usr/bin/python3 \

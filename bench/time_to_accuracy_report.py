@@ -36,7 +36,37 @@ LABELS = {
     "ring_k1_psgd4": "pipesgd width 1 + PowerSGD r4",
     "ring_k2_psgd4": "pipesgd width 2 + PowerSGD r4",
 }
-PIPESGD = [s for s in LABELS if s.startswith("ring_") or s.startswith("ps_")]
+CODECS = {"q8": "q8 EF", "q4": "q4 EF", "sign1": "sign1 EF", "psgd4": "PowerSGD r4"}
+
+
+def label(s):
+    """A scheme's name in the tables: the fixed ones above, and the parameterised families of the
+    lab script, outer_hH[_avg][_ov][_wN][_reset][_CODEC] and ddp_plsH[_wN], spelled out."""
+    if s in LABELS:
+        return LABELS[s]
+    parts = s.split("_")
+    if s.startswith("outer_"):
+        words = [f"pipesgd outer loop H = {parts[1][1:]}",
+                 "AVERAGE" if "avg" in parts else "NESTEROV"]
+        words += ["overlapped"] if "ov" in parts else []
+        words += [f"warm-up {p[1:]}" for p in parts[2:] if p[0] == "w" and p[1:].isdigit()]
+        words += ["momentum reset"] if "reset" in parts else []
+        return ", ".join(words) + "".join(f" + {CODECS[p]}" for p in parts if p in CODECS)
+    if s.startswith("ddp_pls"):
+        start = next((p[1:] for p in parts[2:] if p[0] == "w"), "50")
+        return f"PyTorch DDP + post-local SGD, H = {parts[1][3:]} after {start}"
+    return s
+
+
+def is_pipesgd(s):
+    return s.startswith(("ring_", "ps_", "outer_"))
+
+
+def schemes_in(d):
+    """The schemes with results in d: the fixed ones in LABELS' order, then the others by name."""
+    found = {f[:-len(".metrics.jsonl")] for f in os.listdir(d) if f.endswith(".metrics.jsonl")}
+    found |= {f for f in os.listdir(d) if os.path.exists(os.path.join(d, f, "metrics.jsonl"))}
+    return [s for s in LABELS if s in found] + sorted(found - set(LABELS))
 
 
 def load(path):
@@ -56,7 +86,7 @@ def first_reach(lines, target):
 
 
 def fmt_s(x):
-    return "not reached" if x is None else f"{x:.1f}"
+    return "not reached" if x is None else f"{x:.2f}" if x < 10 else f"{x:.1f}"
 
 
 def main():
@@ -81,7 +111,7 @@ def main():
             setup = open(os.path.join(d, "setup.txt")).read().strip().replace("\n", "; ") if os.path.exists(
                 os.path.join(d, "setup.txt")) else ""
             rows = {}
-            for s in LABELS:
+            for s in schemes_in(d):
                 m = metrics_of(d, s)
                 if not m:
                     continue
@@ -98,7 +128,7 @@ def main():
                    "|---|---|---|---|---|---|---|"]
             for s, r in rows.items():
                 ratio = f"{ddp85 / r['t85']:.2f}x" if (ddp85 and r["t85"]) else "n/a"
-                md.append(f"| {LABELS[s]} | {fmt_s(r['t85'])} | {ratio} | {fmt_s(r['t87'])} | "
+                md.append(f"| {label(s)} | {fmt_s(r['t85'])} | {ratio} | {fmt_s(r['t87'])} | "
                           f"{r['final']:.4f} | {r['wall']:.1f} | {r['sps']:.0f} |")
             png = f"{os.path.basename(prefix)}_{model}_{rate}.png"
             md += ["", f"![test accuracy against training time, {model}, {rate}]({png})", ""]
@@ -106,10 +136,10 @@ def main():
             md += timeline_table(results, model, rate)
             plot(prefix, model, rate, rows)
             # The best pipesgd scheme by time to 0.85, against DDP; width 2 against width 1.
-            reached = {s: r for s, r in rows.items() if s in PIPESGD and r["t85"]}
+            reached = {s: r for s, r in rows.items() if is_pipesgd(s) and r["t85"]}
             if reached and ddp85:
                 best = min(reached, key=lambda s: reached[s]["t85"])
-                summary.append(f"- {model.upper()} {rate}: best pipesgd scheme {LABELS[best]}, 0.85 "
+                summary.append(f"- {model.upper()} {rate}: best pipesgd scheme {label(best)}, 0.85 "
                                f"in {reached[best]['t85']:.1f} s against DDP's {ddp85:.1f} s "
                                f"({ddp85 / reached[best]['t85']:.2f}x sooner), final accuracy "
                                f"{reached[best]['final']:.4f} against DDP's {rows['ddp']['final']:.4f}")
@@ -140,7 +170,7 @@ def seed_table(results, model, rate):
         return []
     per = {}
     for seed, d in sorted(dirs.items()):
-        for s in LABELS:
+        for s in schemes_in(d):
             m = metrics_of(d, s)
             if m:
                 per.setdefault(s, {})[seed] = (first_reach(m, 0.85), first_reach(m, 0.87),
@@ -166,7 +196,7 @@ def seed_table(results, model, rate):
         final = sum(t[2] for t in v.values()) / len(v)
         ratio = f"{ddp / t85:.2f}x" if (ddp and t85) else "n/a"
         each = " / ".join(fmt_s(v[k][0]) for k in sorted(v))
-        out.append(f"| {LABELS[s]} | {len(v)} | {each} | {fmt_s(t85)} | {ratio} | {fmt_s(t87)} | {final:.4f} |")
+        out.append(f"| {label(s)} | {len(v)} | {each} | {fmt_s(t85)} | {ratio} | {fmt_s(t87)} | {final:.4f} |")
     return out + [""]
 
 
@@ -179,7 +209,7 @@ def timeline_table(results, model, rate):
     for name in sorted(os.listdir(base)):
         if name != rate and not name.startswith(rate + "-seed"):
             continue
-        for s in LABELS:
+        for s in schemes_in(os.path.join(base, name)):
             path = os.path.join(base, name, f"{s}.timeline.rank0.json.gz")
             if not os.path.exists(path):
                 continue
@@ -189,14 +219,16 @@ def timeline_table(results, model, rate):
                     spans.setdefault(e["name"], []).append(e["dur"] / 1000.0)
             steps = len(spans.get("forward", [])) or 1
             cells = [f"{k} {sum(v) / steps:.1f}" for k, v in sorted(spans.items())
-                     if k in ("forward", "backward", "predict", "update", "wait_aggregate",
+                     if k in ("inner_step", "forward", "backward", "predict", "update", "wait_aggregate",
                               "allreduce", "encode", "decode", "reduce", "feedback")]
-            out.append(f"| {LABELS[s]} ({name}) | {steps} | {', '.join(cells)} |")
+            out.append(f"| {label(s)} ({name}) | {steps} | {', '.join(cells)} |")
     if not out:
         return []
     return (["Rank 0's timeline, mean milliseconds per step (`TIMELINE=1`; compute track: "
-             "forward, backward, predict, update, wait_aggregate; communication track: allreduce "
-             "and, summed per step, its chunks' encode, reduce, decode, feedback):", "",
+             "forward, backward, predict, update, wait_aggregate, and for the outer loop "
+             "inner_step, an inner step's forward, backward and update, per inner step; "
+             "communication track: allreduce and, summed per step, its chunks' encode, reduce, "
+             "decode, feedback):", "",
              "| scheme | steps | ms per step |", "|---|---|---|"] + out + [""])
 
 
@@ -213,6 +245,16 @@ STYLE = {
 }
 
 
+PALETTE = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666")
+
+
+def style(s, i):
+    """The fixed schemes' own style; the others a colour by position, peers dashed."""
+    if s in STYLE:
+        return STYLE[s]
+    return f"lc rgb '{PALETTE[i % len(PALETTE)]}' dt {2 if s.startswith('ddp') else 1}"
+
+
 def plot(prefix, model, rate, rows):
     tmp = f"{prefix}_{model}_{rate}.dat"
     with open(tmp, "w") as f:
@@ -221,8 +263,8 @@ def plot(prefix, model, rate, rows):
             for w, a in r["curve"]:
                 f.write(f"{w:.3f} {a:.4f}\n")
             f.write("\n\n")
-    plots = ", ".join(f"'{tmp}' index {i} with linespoints lw 2 pt 7 ps 0.4 {STYLE[s]} "
-                      f"title '{LABELS[s]}'" for i, s in enumerate(rows))
+    plots = ", ".join(f"'{tmp}' index {i} with linespoints lw 2 pt 7 ps 0.4 {style(s, i)} "
+                      f"title '{label(s)}'" for i, s in enumerate(rows))
     script = (f"set terminal pngcairo size 960,600\nset output '{prefix}_{model}_{rate}.png'\n"
               f"set title 'Fashion-MNIST {model.upper()}, 4 nodes at 0.5 CPU, links {rate}'\n"
               "set xlabel 'training time (s, evaluations left out; log scale)'\n"

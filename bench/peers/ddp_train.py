@@ -18,7 +18,17 @@ previous evaluation, over ranks), test_loss, test_accuracy, samples_per_s.
 
 DDP's own settings: the defaults (25 MB buckets, gradients reduced during backward), or with
 --fp16-hook its documented fp16 gradient compression (torch.distributed.algorithms.ddp_comm_hooks
-.default_hooks.fp16_compress_hook).
+.default_hooks.fp16_compress_hook), or with --post-local-sgd H its documented post-local SGD
+(torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook with PostLocalSGDState, and
+torch.distributed.optim.PostLocalSGDOptimizer with a PeriodicModelAverager of period H): the
+gradients are averaged every step for the first --local-sgd-start steps, then each rank steps on
+its own gradient and the parameters are averaged every H steps (the momentum buffers stay local,
+as PyTorch does it). The hook's post-warm-up AllReduce inside each machine's subgroup is left
+out (post_local_gradient_allreduce=False): one rank per machine makes it an AllReduce over one
+rank, and PyTorch 1.13 makes that subgroup from the CUDA device count, which a CPU run lacks.
+Between averagings the ranks' parameters differ, so an evaluation is on their mean (averaged
+into a copy, the run's parameters untouched, its time left out like every evaluation's): the
+model the run would give if it averaged there.
 
 One rank per process, torchrun's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 Run with Debian's python3-torch: /usr/bin/python3 bench/peers/ddp_train.py --help
@@ -52,6 +62,22 @@ def build(model):
                          nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+def evaluated(model, local_sgd):
+    """The model to evaluate: the run's own, or under local SGD a copy holding the ranks' mean."""
+    if not local_sgd:
+        return model
+    import copy
+    mean = copy.deepcopy(model)
+    flat = torch.cat([q.data.reshape(-1) for q in mean.parameters()])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for q in mean.parameters():
+        q.data.copy_(flat[offset:offset + q.numel()].view_as(q))
+        offset += q.numel()
+    return mean
+
+
 def main():
     p = argparse.ArgumentParser()
     d = "/usr/share/datasets/fashion-mnist/"
@@ -69,8 +95,19 @@ def main():
     p.add_argument("--eval-every-steps", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fp16-hook", action="store_true", help="DDP's fp16_compress_hook")
+    p.add_argument("--post-local-sgd", type=int, default=0, metavar="H",
+                   help="PyTorch's post-local SGD, parameters averaged every H steps (H >= 2)")
+    p.add_argument("--local-sgd-start", type=int, default=50, metavar="N",
+                   help="with --post-local-sgd: gradients averaged every step for the first N")
     p.add_argument("--metrics", default="", help="rank 0 writes JSON lines here")
     args = p.parse_args()
+    if args.post_local_sgd == 1 or args.post_local_sgd < 0:
+        p.error(f"--post-local-sgd {args.post_local_sgd}: expected an averaging period H >= 2 "
+                "(H = 1 is plain DDP)")
+    if args.fp16_hook and args.post_local_sgd:
+        p.error("--fp16-hook and --post-local-sgd: expected one DDP communication hook, not both")
+    if args.local_sgd_start < 0:
+        p.error(f"--local-sgd-start {args.local_sgd_start}: expected a step count >= 0")
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -91,13 +128,25 @@ def main():
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    scheme = " + fp16 hook" if args.fp16_hook else ""
+    if args.post_local_sgd:
+        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as pls
+        from torch.distributed.algorithms.model_averaging import averagers
+        from torch.distributed.optim import PostLocalSGDOptimizer
+        state = pls.PostLocalSGDState(process_group=None, subgroup=None,
+                                      start_localSGD_iter=args.local_sgd_start,
+                                      post_local_gradient_allreduce=False)
+        ddp.register_comm_hook(state, pls.post_localSGD_hook)
+        opt = PostLocalSGDOptimizer(optim=opt, averager=averagers.PeriodicModelAverager(
+            period=args.post_local_sgd, warmup_steps=args.local_sgd_start))
+        scheme = f" + post-local SGD, H = {args.post_local_sgd} after {args.local_sgd_start} steps"
     loss_fn = nn.CrossEntropyLoss()
     b = args.batch_size
     steps_per_epoch = len(xtr) // (b * world)
     total = steps_per_epoch * args.epochs
     params = sum(q.numel() for q in model.parameters())
     if rank == 0:
-        print(f"ddp: {world} ranks, gloo{' + fp16 hook' if args.fp16_hook else ''}, "
+        print(f"ddp: {world} ranks, gloo{scheme}, "
               f"{args.model} {params} params, {steps_per_epoch} steps per epoch of global batch "
               f"{b * world}", flush=True)
     metrics = open(args.metrics, "w") if rank == 0 and args.metrics else None
@@ -128,7 +177,7 @@ def main():
             wall = time.time() - start - eval_s
             t_eval = time.time()
             with torch.no_grad():
-                out = model(xte[lo:hi])
+                out = evaluated(model, args.post_local_sgd)(xte[lo:hi])
                 correct = (out.argmax(1) == yte[lo:hi]).sum().item()
                 test_loss = nn.functional.cross_entropy(out, yte[lo:hi], reduction="sum").item()
             t = torch.tensor([float(correct), float(hi - lo), test_loss, loss_sum, float(loss_steps)],
