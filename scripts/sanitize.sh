@@ -53,7 +53,7 @@ if [[ "$WHICH" == asan || "$WHICH" == all ]]; then
   if testing; then
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
       ctest --test-dir build-asan -LE "cluster|rdma" --output-on-failure -j "$jobs" \
-      -E "MainJob|CompressedMainJob|CnnJob|StartupFailure|StalledRank|$asan_skip"
+      -E "MainJob|CompressedMainJob|CnnJob|SlowLinkConfigs|StartupFailure|StalledRank|$asan_skip"
   fi
   # Excluded: the accuracy runs (same code paths as shorter tests, 3x slower here) and the
   # phase x victim matrix (38 four-process jobs, mostly waiting out deadlines; the relay and the
