@@ -10,11 +10,12 @@
 #include <regex>
 #include <set>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "core/train/timing_model.h"
 
 #include "core/base/measure.h"
 #include "tests/support/cli.h"
@@ -273,17 +274,12 @@ TEST(ProbeCli, RingBandwidthAndSpreadReachTheModel) {
   // interpolation gives between the model's and the timed AllReduce. Under ASan the fastest
   // codec's AllReduce can be the slower one (6.2 against 3.2 ms), and a 4 ms gap put the
   // width-1 step 6.6 ms above the timed one (CI, 2026-12-08).
-  const auto sigma_at = [&](double t_ms) {
-    double t1 = j.value("overhead_allreduce_s", 0.0), t2 = j.value("fast_allreduce_s", 0.0);
-    double s1 = j.value("sync_overhead_s", 0.0), s2 = j.value("fast_sync_overhead_s", 0.0);
-    if (!(t1 > 0 && t2 > 0) || t1 == t2) return s1 * 1e3;
-    if (t1 > t2) {
-      std::swap(t1, t2);
-      std::swap(s1, s2);
-    }
-    const double t = std::clamp(t_ms / 1e3, t1, t2);
-    return (s1 + (s2 - s1) * (1 / t1 - 1 / t) / (1 / t1 - 1 / t2)) * 1e3;
-  };
+  train::TimingInputs fitted;  // the probe's two sigma points, as the model reads them
+  fitted.overhead_allreduce_s = j.value("overhead_allreduce_s", 0.0);
+  fitted.fast_allreduce_s = j.value("fast_allreduce_s", 0.0);
+  fitted.sync_overhead_s = j.value("sync_overhead_s", 0.0);
+  fitted.fast_sync_overhead_s = j.value("fast_sync_overhead_s", 0.0);
+  const auto sigma_at = [&](double t_ms) { return train::OverheadAt(fitted, 1, t_ms / 1e3) * 1e3; };
   const double sigma_gap = std::abs(sigma_at(model_large) - sigma_at(large));
   const auto step_matches_model = [&](int width, const char* codec) {
     std::smatch step;

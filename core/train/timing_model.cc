@@ -420,6 +420,27 @@ std::vector<double> DefaultChunkSizes() {
   return sizes;
 }
 
+namespace {
+
+// The chunk among `chunk_sizes` whose time is lowest, and that time; `first` wins ties (a
+// later chunk must be faster by more than rounding).
+template <typename TimeOf>
+std::pair<double, double> FastestChunk(const std::vector<double>& chunk_sizes, double first,
+                                       TimeOf time_of) {
+  double chunk = first;
+  double best_t = time_of(first);
+  for (double c : chunk_sizes) {
+    const double t = time_of(c);
+    if (t < best_t * (1 - 1e-12)) {
+      chunk = c;
+      best_t = t;
+    }
+  }
+  return {chunk, best_t};
+}
+
+}  // namespace
+
 TimingInputs OuterRoundInputs(const TimingInputs& in, int local_steps) {
   PSGD_CHECK_GE(local_steps, 1);
   if (local_steps == 1) return in;
@@ -453,15 +474,9 @@ std::vector<SchemePrediction> PredictOuter(const TimingInputs& in,
     for (bool overlap : {false, true}) {
       if (h == 1 && overlap) continue;  // that is width 2, a row of PredictAll already
       for (const CodecCost& codec : codecs) {
-        double chunk = chunk_sizes.front();
-        double best_t = OuterStepTime(in, codec, chunk, h, overlap);
-        for (double c : chunk_sizes) {
-          const double t = OuterStepTime(in, codec, c, h, overlap);
-          if (t < best_t * (1 - 1e-12)) {
-            chunk = c;
-            best_t = t;
-          }
-        }
+        const auto [chunk, best_t] =
+            FastestChunk(chunk_sizes, chunk_sizes.front(),
+                         [&](double c) { return OuterStepTime(in, codec, c, h, overlap); });
         const RingTerms terms = RingAllReduceTerms(in, codec, chunk);
         const int width = overlap ? 2 : 1;
         rows.push_back({fmt::format("outer_h{}{}", h, overlap ? "_ov" : ""), codec.name, chunk,
@@ -492,15 +507,9 @@ ModelReport PredictAll(const TimingInputs& in, const std::vector<CodecCost>& cod
     // the AllReduce alone does); among equals (width 2 hiding the AllReduce), the fastest
     // AllReduce.
     for (int width : {1, 2}) {
-      double chunk = BestChunkBytes(in, codec, chunk_sizes);
-      double best_t = PipeTime(in, codec, chunk, width);
-      for (double c : chunk_sizes) {
-        const double t = PipeTime(in, codec, c, width);
-        if (t < best_t * (1 - 1e-12)) {
-          chunk = c;
-          best_t = t;
-        }
-      }
+      const auto [chunk, best_t] =
+          FastestChunk(chunk_sizes, BestChunkBytes(in, codec, chunk_sizes),
+                       [&](double c) { return PipeTime(in, codec, c, width); });
       const RingTerms terms = RingAllReduceTerms(in, codec, chunk);
       // One worker has no ring, so no chunk to advise.
       report.rows.push_back({width == 1 ? "ring_sync" : "pipe_k2", codec.name,
